@@ -1,0 +1,1 @@
+"""Retrieval service for the search agent (FastAPI + FAISS); filled in by the retrieval issue."""

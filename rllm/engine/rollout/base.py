@@ -1,0 +1,84 @@
+"""The rollout-engine interface and the errors every engine raises.
+
+An engine turns OpenAI-format chat messages (and tool schemas) into one ``ModelOutput``. The
+error classes let callers tell an infrastructure failure (mask it, retry the rollout) from a
+request the model itself made impossible (context overflow: the episode ends, it is not retried).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from rllm.types import ModelOutput
+
+# Sampling parameters an engine forwards to the server. Anything else given as a keyword (Strands
+# passes its own: system_prompt_content, invocation_state, agent_metadata, ...) is dropped.
+SAMPLING_PARAMS: frozenset[str] = frozenset(
+    {
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "max_tokens",
+        "max_completion_tokens",
+        "stop",
+        "seed",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+        "logit_bias",
+        "logprobs",
+        "top_logprobs",
+        "tool_choice",
+        "parallel_tool_calls",
+        "response_format",
+        "reasoning_effort",
+        "chat_template_kwargs",
+        "skip_special_tokens",
+        "include_stop_str_in_output",
+        "min_tokens",
+    }
+)
+
+
+def select_sampling_params(params: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """Split keywords into the allowed sampling parameters and the names that were dropped."""
+    kept = {k: v for k, v in params.items() if k in SAMPLING_PARAMS and v is not None}
+    dropped = sorted(k for k in params if k not in SAMPLING_PARAMS)
+    return kept, dropped
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """Anything that answers chat messages with a ``ModelOutput``."""
+
+    async def get_model_response(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, **sampling: Any
+    ) -> ModelOutput:
+        """Generate one assistant turn for ``messages``."""
+        ...
+
+
+class EngineError(RuntimeError):
+    """Base class: a model call failed. ``url`` names the endpoint, ``cause`` what went wrong."""
+
+    def __init__(self, message: str, *, url: str | None = None, cause: str | None = None) -> None:
+        super().__init__(message)
+        self.url = url
+        self.cause = cause
+
+
+class EngineUnavailableError(EngineError):
+    """The engine could not be reached or kept failing (5xx, timeouts): an infrastructure failure."""
+
+
+class EngineThrottledError(EngineUnavailableError):
+    """The engine kept answering 429 after every retry."""
+
+
+class ContextLengthExceededError(EngineError):
+    """The prompt (plus the requested completion) does not fit the model's context window."""
+
+
+class EngineRequestError(EngineError):
+    """The engine rejected the request (a 4xx other than 429); retrying would not help."""

@@ -1,0 +1,235 @@
+"""Rollout engine for any OpenAI-compatible chat-completions endpoint (vLLM, SGLang, LiteLLM, hosted).
+
+One connection pool per event loop (an httpx pool cannot cross loops, and Strands' synchronous
+``Agent.__call__`` runs each call on a fresh loop), a per-request timeout, and retries with capped,
+jittered exponential backoff on 429, 5xx and connection errors only. Against vLLM it asks for the
+prompt and completion token ids and the logprobs, so the output can be trained on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from typing import Any
+
+import httpx
+import openai
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+
+from rllm.engine.rollout.base import (
+    ContextLengthExceededError,
+    EngineError,
+    EngineRequestError,
+    EngineThrottledError,
+    EngineUnavailableError,
+    select_sampling_params,
+)
+from rllm.types import ModelOutput, ToolCall
+
+logger = logging.getLogger(__name__)
+
+_USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
+_CONTEXT_OVERFLOW_PHRASES = (
+    "maximum context length",
+    "context_length_exceeded",
+    "context length",
+    "max_model_len",
+    "prompt is too long",
+    "input is too long",
+    "too many tokens",
+)
+
+
+def _is_retryable(error: BaseException) -> bool:
+    """429, 5xx, timeouts and connection failures are worth another try; other 4xx are not."""
+    if isinstance(error, openai.APIConnectionError):  # includes APITimeoutError
+        return True
+    if isinstance(error, openai.APIStatusError):
+        return error.status_code == 429 or error.status_code >= 500
+    return False
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, openai.APITimeoutError):
+        return "request timed out"
+    if isinstance(error, openai.APIStatusError):
+        return f"HTTP {error.status_code}: {error.message}"
+    if isinstance(error, openai.APIConnectionError):
+        return f"connection failed: {error.__cause__ or error}"
+    return f"{type(error).__name__}: {error}"
+
+
+def is_context_overflow(error: BaseException) -> bool:
+    """Whether an OpenAI-style error says the prompt does not fit the context window."""
+    code = getattr(error, "code", None)
+    message = str(error).lower()
+    return code == "context_length_exceeded" or any(phrase in message for phrase in _CONTEXT_OVERFLOW_PHRASES)
+
+
+class OpenAIEngine:
+    """A ``RolloutEngine`` over ``/v1/chat/completions``.
+
+    Args:
+        model: Model name sent with every request.
+        base_url: Endpoint root, e.g. ``http://127.0.0.1:8000/v1``.
+        api_key: Sent as a bearer token; servers that ignore it accept any value.
+        timeout: Seconds one HTTP request may take before it counts as failed (and is retried).
+        max_retries: Retries after the first attempt for retryable failures.
+        backoff_initial: First backoff in seconds; doubles each retry, jittered.
+        backoff_max: Cap on one backoff, in seconds.
+        return_token_ids: Ask the server (vLLM) for prompt and completion token ids.
+        logprobs: Ask for per-token logprobs; defaults to ``return_token_ids``.
+        max_connections: Size of the connection pool per event loop.
+        **sampling: Default sampling parameters (temperature, max_tokens, ...).
+    """
+
+    def __init__(
+        self,
+        model: str,
+        base_url: str,
+        api_key: str = "EMPTY",
+        *,
+        timeout: float = 600.0,
+        max_retries: int = 5,
+        backoff_initial: float = 0.5,
+        backoff_max: float = 30.0,
+        return_token_ids: bool = False,
+        logprobs: bool | None = None,
+        max_connections: int = 1024,
+        **sampling: Any,
+    ) -> None:
+        defaults, dropped = select_sampling_params(sampling)
+        if dropped:
+            raise TypeError(f"OpenAIEngine: unknown sampling parameters {dropped}")
+        self.model = model
+        self.base_url = base_url.rstrip("/")
+        self.api_key = api_key
+        self.timeout = timeout
+        self.max_retries = max_retries
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self.return_token_ids = return_token_ids
+        self.logprobs = return_token_ids if logprobs is None else logprobs
+        self.max_connections = max_connections
+        self.default_sampling = defaults
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, openai.AsyncOpenAI] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    @property
+    def url(self) -> str:
+        """The chat-completions URL, as named in errors."""
+        return f"{self.base_url}/chat/completions"
+
+    def _client(self) -> openai.AsyncOpenAI:
+        """The pooled client of the running event loop, created on first use."""
+        loop = asyncio.get_running_loop()
+        client = self._clients.get(loop)
+        if client is None:
+            client = openai.AsyncOpenAI(
+                base_url=self.base_url,
+                api_key=self.api_key,
+                timeout=self.timeout,
+                max_retries=0,  # retries are ours: capped, jittered, and only for retryable errors
+                http_client=openai.DefaultAsyncHttpxClient(
+                    limits=httpx.Limits(
+                        max_connections=self.max_connections, max_keepalive_connections=self.max_connections
+                    )
+                ),
+            )
+            self._clients[loop] = client
+        return client
+
+    async def close(self) -> None:
+        """Close the running loop's connection pool."""
+        client = self._clients.pop(asyncio.get_running_loop(), None)
+        if client is not None:
+            await client.close()
+
+    def build_request(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, **sampling: Any
+    ) -> dict[str, Any]:
+        """The request body: allowed sampling parameters only, plus the token-id extensions."""
+        params, dropped = select_sampling_params({**self.default_sampling, **sampling})
+        if dropped:
+            logger.debug("dropped non-sampling keywords %s", dropped)
+        request: dict[str, Any] = {"model": self.model, "messages": messages, **params}
+        if tools:
+            request["tools"] = tools
+        else:
+            request.pop("tool_choice", None)
+        extra_body: dict[str, Any] = {}
+        if self.return_token_ids:
+            extra_body["return_token_ids"] = True
+        if self.logprobs:
+            request["logprobs"] = True
+            request.setdefault("top_logprobs", 0)
+        if extra_body:
+            request["extra_body"] = extra_body
+        return request
+
+    async def get_model_response(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, **sampling: Any
+    ) -> ModelOutput:
+        """Send one chat completion, retrying infrastructure failures, and parse the answer."""
+        request = self.build_request(messages, tools, **sampling)
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self.max_retries + 1),
+            wait=wait_exponential_jitter(multiplier=self.backoff_initial, max=self.backoff_max, jitter=self.backoff_initial),
+            retry=retry_if_exception(_is_retryable),
+            before_sleep=lambda state: logger.warning(
+                "%s: attempt %d failed (%s), retrying",
+                self.url,
+                state.attempt_number,
+                _describe(state.outcome.exception()) if state.outcome else "?",
+            ),
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    response = await self._client().chat.completions.create(**request)
+        except openai.APIError as error:
+            raise self._translate(error) from error
+        if not response.choices:
+            raise EngineRequestError(f"{self.url} returned no choices", url=self.url, cause="no choices")
+        return parse_chat_completion(response)
+
+    def _translate(self, error: openai.APIError) -> EngineError:
+        cause = _describe(error)
+        if isinstance(error, openai.APIStatusError) and error.status_code == 429:
+            message = f"{self.url} kept throttling (429) after {self.max_retries + 1} attempts: {cause}"
+            return EngineThrottledError(message, url=self.url, cause=cause)
+        if _is_retryable(error):
+            message = f"{self.url} failed after {self.max_retries + 1} attempts: {cause}"
+            return EngineUnavailableError(message, url=self.url, cause=cause)
+        if is_context_overflow(error):
+            return ContextLengthExceededError(f"{self.url}: context window exceeded: {cause}", url=self.url, cause=cause)
+        return EngineRequestError(f"{self.url} rejected the request: {cause}", url=self.url, cause=cause)
+
+
+def parse_chat_completion(response: Any) -> ModelOutput:
+    """A ``ModelOutput`` from a ChatCompletion, with vLLM's token ids and the logprobs when present."""
+    if not response.choices:
+        return ModelOutput()
+    choice = response.choices[0]
+    message = choice.message
+    reasoning = getattr(message, "reasoning_content", None) or getattr(message, "reasoning", None)
+    logprobs = None
+    if choice.logprobs is not None and choice.logprobs.content is not None:
+        logprobs = [entry.logprob for entry in choice.logprobs.content]
+    usage = response.usage.model_dump() if response.usage else {}
+    return ModelOutput(
+        text=message.content or "",
+        reasoning=reasoning or None,
+        tool_calls=[
+            ToolCall.from_arguments(call.id, call.function.name, call.function.arguments)
+            for call in message.tool_calls or []
+        ],
+        prompt_ids=getattr(response, "prompt_token_ids", None),
+        completion_ids=getattr(choice, "token_ids", None),
+        logprobs=logprobs,
+        finish_reason=choice.finish_reason,
+        usage={k: v for k, v in usage.items() if k in _USAGE_KEYS and isinstance(v, int)},
+    )

@@ -1,0 +1,1 @@
+"""Adapters between rllm and agent frameworks."""

@@ -1,0 +1,18 @@
+"""Strands Agents integration: run an unchanged Strands agent loop and record exact training data."""
+
+from rllm.integrations.strands.agent import StrandsAgent, termination_reason_for
+from rllm.integrations.strands.hooks import Budget, BudgetHook, ToolCallValidator
+from rllm.integrations.strands.model import RLLMModel
+from rllm.integrations.strands.openai_model import NonStreamingOpenAIModel
+from rllm.integrations.strands.recording import ModelCall
+
+__all__ = [
+    "Budget",
+    "BudgetHook",
+    "ModelCall",
+    "NonStreamingOpenAIModel",
+    "RLLMModel",
+    "StrandsAgent",
+    "ToolCallValidator",
+    "termination_reason_for",
+]

@@ -1,0 +1,216 @@
+"""``StrandsAgent``: a Strands ``Agent`` that records one ``Step`` per model call."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+from strands import Agent
+from strands.agent.conversation_manager import NullConversationManager
+from strands.hooks import AfterModelCallEvent, BeforeModelCallEvent, HookProvider, HookRegistry, MessageAddedEvent
+from strands.telemetry import EventLoopMetrics
+from strands.types.content import Message
+from strands.types.exceptions import (
+    ContextWindowOverflowException,
+    MaxTokensReachedException,
+    ModelThrottledException,
+)
+
+from rllm.engine.rollout.base import EngineError, EngineRequestError
+from rllm.integrations.strands._format import format_messages, format_tools
+from rllm.integrations.strands.hooks import Budget, BudgetHook, ToolCallValidator
+from rllm.integrations.strands.recording import ModelCall, take_model_call
+from rllm.types import ModelOutput, Step, TerminationReason, ToolCall, Trajectory
+
+logger = logging.getLogger(__name__)
+
+_STOP_REASONS = {
+    "end_turn": TerminationReason.FINISHED,
+    "tool_use": TerminationReason.FINISHED,
+    "stop_sequence": TerminationReason.FINISHED,
+    "max_tokens": TerminationReason.MAX_TOKENS,
+    "cancelled": TerminationReason.CANCELLED,
+}
+
+
+def termination_reason_for(error: BaseException) -> TerminationReason:
+    """Classify an exception that ended an agent run.
+
+    Engine outages and timeouts are infrastructure failures (masked in training); a context
+    overflow or a truncated answer is the policy's own doing.
+    """
+    if isinstance(error, ContextWindowOverflowException):
+        return TerminationReason.CONTEXT_OVERFLOW
+    if isinstance(error, MaxTokensReachedException):
+        return TerminationReason.MAX_TOKENS
+    if isinstance(error, (asyncio.TimeoutError, TimeoutError)):
+        return TerminationReason.TIMEOUT
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, EngineRequestError):
+            return TerminationReason.ERROR
+        if isinstance(cause, (EngineError, ModelThrottledException)):
+            return TerminationReason.ENGINE_ERROR
+        cause = cause.__cause__
+    return TerminationReason.ERROR
+
+
+def _output_from_message(message: Message) -> ModelOutput:
+    """A ``ModelOutput`` rebuilt from a Strands message, for models that record no ``ModelCall``."""
+    blocks = message["content"]
+    reasoning = "".join(b["reasoningContent"].get("reasoningText", {}).get("text", "") for b in blocks if "reasoningContent" in b)
+    return ModelOutput(
+        text="".join(b["text"] for b in blocks if "text" in b),
+        reasoning=reasoning or None,
+        tool_calls=[
+            ToolCall(
+                id=str(b["toolUse"]["toolUseId"]),
+                name=b["toolUse"]["name"],
+                arguments=json.dumps(b["toolUse"]["input"], ensure_ascii=False),
+                input=b["toolUse"]["input"] if isinstance(b["toolUse"]["input"], dict) else None,
+            )
+            for b in blocks
+            if "toolUse" in b
+        ],
+    )
+
+
+class _StepRecorder(HookProvider):
+    """Appends a ``Step`` to its trajectory after every successful model call of its agent."""
+
+    def __init__(self, trajectory: Trajectory) -> None:
+        self.trajectory = trajectory
+        self.last_error: BaseException | None = None
+        self._call_cancelled = False
+
+    def register_hooks(self, registry: HookRegistry, **kwargs: Any) -> None:
+        registry.add_callback(BeforeModelCallEvent, self._before_model_call)
+        registry.add_callback(AfterModelCallEvent, self._after_model_call)
+        registry.add_callback(MessageAddedEvent, self._message_added)
+
+    def _before_model_call(self, event: BeforeModelCallEvent) -> None:
+        # A call cancelled by a hook (the budget) never reaches the model: nothing to record.
+        self._call_cancelled = bool(event.cancel)
+
+    def _after_model_call(self, event: AfterModelCallEvent) -> None:
+        call = take_model_call(event.invocation_state)
+        if event.exception is not None:
+            self.last_error = event.exception
+            return
+        if event.stop_response is None or self._call_cancelled or event.retry:
+            return
+        agent = event.agent
+        if call is None:  # a model that does not record its calls: rebuild what it was given
+            call = ModelCall(
+                messages=format_messages(agent.messages, agent.system_prompt),
+                tools=format_tools(agent.tool_registry.get_all_tool_specs()),
+                output=_output_from_message(event.stop_response.message),
+            )
+        self.last_error = None
+        self.trajectory.steps.append(
+            Step(
+                messages=call.messages,
+                tools=call.tools,
+                model_output=call.output,
+                stop_reason=event.stop_response.stop_reason,
+            )
+        )
+
+    def _message_added(self, event: MessageAddedEvent) -> None:
+        message = event.message
+        if message["role"] == "user" and self.trajectory.steps and any("toolResult" in b for b in message["content"]):
+            self.trajectory.steps[-1].observation = [m for m in format_messages([message]) if m["role"] == "tool"]
+
+    def find_tool_call(self, tool_use_id: str) -> ToolCall | None:
+        """The raw tool call with this id from the latest step."""
+        if not self.trajectory.steps:
+            return None
+        return next((c for c in self.trajectory.steps[-1].tool_calls if c.id == tool_use_id), None)
+
+    def record_tool_error(self, tool_use_id: str, name: str, error: str) -> None:
+        """Note on the latest step that a call was refused, and why."""
+        if self.trajectory.steps:
+            self.trajectory.steps[-1].tool_errors.append({"id": tool_use_id, "name": name, "error": error})
+
+
+class StrandsAgent(Agent):
+    """A Strands ``Agent`` whose every model call lands in ``agent.trajectory`` as a ``Step``.
+
+    Recording works through hooks and ``invocation_state``, so it holds for ``__call__``,
+    ``invoke_async`` and ``stream_async`` alike and never crosses between agents that share a
+    model. Defaults suit rollouts: no console printing, ``NullConversationManager`` (trimming the
+    history would corrupt the training record), and no Strands-level model retries (the engine
+    retries infrastructure failures itself). ``reset()`` returns the agent to its freshly built
+    state so pooled agents behave exactly like new ones.
+
+    Args:
+        model: Any Strands model; ``RLLMModel`` and ``NonStreamingOpenAIModel`` record token ids
+            and logprobs when their engine returns them.
+        tools: Tools, as for ``Agent``.
+        system_prompt: System prompt, as for ``Agent``.
+        name: Name of the recorded trajectory.
+        budget: Per-episode limits on model turns, tool rounds and tool calls.
+        validate_tool_calls: Refuse unknown tools, non-JSON arguments and missing arguments.
+        **kwargs: Passed to ``Agent``.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tools: list[Any] | None = None,
+        system_prompt: str | None = None,
+        *,
+        name: str = "agent",
+        budget: Budget | None = None,
+        validate_tool_calls: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("callback_handler", None)
+        kwargs.setdefault("conversation_manager", NullConversationManager())
+        kwargs.setdefault("retry_strategy", None)
+        self._recorder = _StepRecorder(Trajectory(name=name))
+        self._budget_hook = BudgetHook(budget or Budget())
+        own_hooks: list[Any] = [self._budget_hook, self._recorder]
+        if validate_tool_calls:
+            own_hooks.append(ToolCallValidator(self._recorder.find_tool_call, self._recorder.record_tool_error))
+        super().__init__(
+            model=model,
+            tools=tools,
+            system_prompt=system_prompt,
+            hooks=[*own_hooks, *(kwargs.pop("hooks", None) or [])],
+            **kwargs,
+        )
+        self._initial_snapshot = self.take_snapshot(
+            include=["messages", "state", "conversation_manager_state", "interrupt_state", "system_prompt", "model_state"]
+        )
+
+    @property
+    def trajectory(self) -> Trajectory:
+        """The steps recorded since construction or the last ``reset()``."""
+        return self._recorder.trajectory
+
+    @property
+    def budget_hook(self) -> BudgetHook:
+        """The hook enforcing this agent's budget, with its counters."""
+        return self._budget_hook
+
+    @property
+    def termination_reason(self) -> TerminationReason | None:
+        """Why the last run stopped, or ``None`` before any model call."""
+        if self._budget_hook.exhausted is not None:
+            return self._budget_hook.exhausted
+        if self._recorder.last_error is not None:
+            return termination_reason_for(self._recorder.last_error)
+        if not self.trajectory.steps:
+            return None
+        return _STOP_REASONS.get(self.trajectory.steps[-1].stop_reason or "", TerminationReason.ERROR)
+
+    def reset(self) -> None:
+        """Clear messages, trajectory, counters, state and model state for a new task."""
+        self.load_snapshot(self._initial_snapshot)
+        self.event_loop_metrics = EventLoopMetrics()
+        self._budget_hook.reset()
+        self._recorder.trajectory = Trajectory(name=self._recorder.trajectory.name)
+        self._recorder.last_error = None

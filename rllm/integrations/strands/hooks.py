@@ -1,0 +1,146 @@
+"""Strands hooks for rollouts: an episode budget and strict tool-call validation."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from strands.hooks import (
+    AfterToolsEvent,
+    BeforeModelCallEvent,
+    BeforeToolCallEvent,
+    HookProvider,
+    HookRegistry,
+)
+
+from rllm.types import TerminationReason, ToolCall
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Limits per episode; ``None`` means unlimited.
+
+    Attributes:
+        max_model_turns: Model calls.
+        max_tool_iterations: Rounds of tool execution (one per assistant message with tool calls).
+        max_tool_calls: Individual tool calls, counted across rounds.
+    """
+
+    max_model_turns: int | None = None
+    max_tool_iterations: int | None = None
+    max_tool_calls: int | None = None
+
+
+class BudgetHook(HookProvider):
+    """Ends the episode cleanly when a ``Budget`` limit is reached and records which one.
+
+    A limit reached after a round of tools ends the turn there (no further model call); a tool
+    call beyond ``max_tool_calls`` is refused with an error result. ``exhausted`` then holds the
+    termination reason. Counters span invocations until ``reset()``.
+    """
+
+    def __init__(self, budget: Budget) -> None:
+        self.budget = budget
+        self.reset()
+
+    def reset(self) -> None:
+        """Zero the counters for a new episode."""
+        self.model_turns = 0
+        self.tool_iterations = 0
+        self.tool_calls = 0
+        self.exhausted: TerminationReason | None = None
+
+    def register_hooks(self, registry: HookRegistry, **kwargs: Any) -> None:
+        """Subscribe to the model and tool events the budget counts."""
+        registry.add_callback(BeforeModelCallEvent, self._before_model_call)
+        registry.add_callback(BeforeToolCallEvent, self._before_tool_call)
+        registry.add_callback(AfterToolsEvent, self._after_tools)
+
+    def _exhaust(self, reason: TerminationReason) -> str:
+        if self.exhausted is None:
+            self.exhausted = reason
+            logger.debug("budget exhausted: %s", reason.value)
+        return f"Stopped: the episode's {self.exhausted.value} budget is exhausted."
+
+    def _before_model_call(self, event: BeforeModelCallEvent) -> None:
+        limit = self.budget.max_model_turns
+        if self.exhausted is not None or (limit is not None and self.model_turns >= limit):
+            event.cancel = self._exhaust(TerminationReason.MAX_TURNS)
+            return
+        self.model_turns += 1
+
+    def _before_tool_call(self, event: BeforeToolCallEvent) -> None:
+        limit = self.budget.max_tool_calls
+        if limit is not None and self.tool_calls >= limit:
+            self._exhaust(TerminationReason.TOOL_BUDGET)
+            event.cancel_tool = f"Error: the tool-call budget of {limit} calls is exhausted; tool not run."
+            return
+        self.tool_calls += 1
+
+    def _after_tools(self, event: AfterToolsEvent) -> None:
+        self.tool_iterations += 1
+        if self.exhausted is None:
+            if self.budget.max_tool_iterations is not None and self.tool_iterations >= self.budget.max_tool_iterations:
+                self._exhaust(TerminationReason.TOOL_BUDGET)
+            elif self.budget.max_model_turns is not None and self.model_turns >= self.budget.max_model_turns:
+                self._exhaust(TerminationReason.MAX_TURNS)
+        if self.exhausted is not None:
+            event.end_turn = self._exhaust(self.exhausted)
+
+
+class ToolCallValidator(HookProvider):
+    """Refuses tool calls that Strands would otherwise run with made-up arguments.
+
+    An unknown tool name, arguments that are not a JSON object (Strands substitutes ``{}``), or a
+    missing required argument never reach the tool: the model gets a tool error naming the
+    problem, and ``on_error`` is told so the step can record it.
+
+    Args:
+        lookup: Returns the model's raw ``ToolCall`` for a tool-use id, when the model recorded
+            it; without it, unparseable arguments show up as missing arguments.
+        on_error: Called with the tool-use id, the tool name and the error shown to the model.
+    """
+
+    def __init__(
+        self,
+        lookup: Callable[[str], ToolCall | None] | None = None,
+        on_error: Callable[[str, str, str], None] | None = None,
+    ) -> None:
+        self._lookup = lookup
+        self._on_error = on_error
+
+    def register_hooks(self, registry: HookRegistry, **kwargs: Any) -> None:
+        """Check every tool call before it runs."""
+        registry.add_callback(BeforeToolCallEvent, self._before_tool_call)
+
+    def _before_tool_call(self, event: BeforeToolCallEvent) -> None:
+        if event.cancel_tool:
+            return
+        error = self.check(event)
+        if error is not None:
+            event.cancel_tool = error
+            if self._on_error is not None:
+                self._on_error(str(event.tool_use["toolUseId"]), event.tool_use["name"], error)
+
+    def check(self, event: BeforeToolCallEvent) -> str | None:
+        """The error message for a malformed call, or ``None`` when it may run."""
+        tool_use = event.tool_use
+        name = tool_use["name"]
+        if event.selected_tool is None:
+            available = ", ".join(sorted(event.agent.tool_names)) or "none"
+            return f"Error: unknown tool '{name}'. Available tools: {available}."
+        call = self._lookup(str(tool_use["toolUseId"])) if self._lookup is not None else None
+        if call is not None and call.error is not None:
+            return f"Error: invalid arguments for tool '{name}': {call.error}. Arguments received: {call.arguments[:500]}"
+        arguments = tool_use["input"]
+        if not isinstance(arguments, dict):
+            return f"Error: invalid arguments for tool '{name}': arguments must be a JSON object."
+        schema = event.selected_tool.tool_spec["inputSchema"].get("json", {})
+        missing = [key for key in schema.get("required", []) if key not in arguments]
+        if missing:
+            return f"Error: tool '{name}' is missing required argument(s): {', '.join(missing)}."
+        return None

@@ -1,0 +1,109 @@
+"""``RLLMModel``: a Strands ``Model`` over any rllm ``RolloutEngine``."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncGenerator
+from typing import Any, TypedDict, TypeVar
+
+from pydantic import BaseModel
+from strands.models.model import Model
+from strands.types.content import Messages, SystemContentBlock
+from strands.types.exceptions import ContextWindowOverflowException, ModelThrottledException
+from strands.types.streaming import StreamEvent
+from strands.types.tools import ToolChoice, ToolSpec
+from typing_extensions import Unpack, override
+
+from rllm.engine.rollout.base import ContextLengthExceededError, EngineThrottledError, RolloutEngine
+from rllm.integrations.strands._format import format_messages, format_tool_choice, format_tools, output_events
+from rllm.integrations.strands.recording import ModelCall, record_model_call
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T", bound=BaseModel)
+
+
+class RLLMModel(Model):
+    """Runs the unchanged Strands agent loop against a training-time engine.
+
+    Messages go to the engine in OpenAI chat format with tool calls and tool results kept as
+    such; ``tool_choice`` is passed through as Strands gives it, never forced. Each call leaves a
+    ``ModelCall`` (the exact messages, tools and ``ModelOutput``) in the invoking agent's
+    ``invocation_state``, where ``StrandsAgent`` records it as a ``Step``. The model holds no
+    per-agent state, so one instance may be shared by any number of agents.
+    """
+
+    class RLLMConfig(TypedDict, total=False):
+        """Configuration of an ``RLLMModel``.
+
+        Attributes:
+            model_id: A name for logs and traces; the engine decides what is served.
+            params: Sampling parameters sent on every call (temperature, max_tokens, ...).
+            context_window_limit: Context size in tokens, for Strands' utilisation estimates.
+        """
+
+        model_id: str
+        params: dict[str, Any] | None
+        context_window_limit: int | None
+
+    def __init__(self, rollout_engine: RolloutEngine, **config: Unpack[RLLMConfig]) -> None:
+        unknown = set(config) - set(self.RLLMConfig.__annotations__)
+        if unknown:
+            raise TypeError(f"RLLMModel: unknown config keys {sorted(unknown)}")
+        self.rollout_engine = rollout_engine
+        self.config: dict[str, Any] = dict(config)
+
+    @override
+    def update_config(self, **model_config: Unpack[RLLMConfig]) -> None:  # type: ignore[override]
+        """Update the configuration in place."""
+        unknown = set(model_config) - set(self.RLLMConfig.__annotations__)
+        if unknown:
+            raise TypeError(f"RLLMModel: unknown config keys {sorted(unknown)}")
+        self.config.update(model_config)
+
+    @override
+    def get_config(self) -> RLLMConfig:
+        """The current configuration."""
+        return self.RLLMConfig(**self.config)  # type: ignore[typeddict-item]
+
+    @override
+    async def stream(
+        self,
+        messages: Messages,
+        tool_specs: list[ToolSpec] | None = None,
+        system_prompt: str | None = None,
+        *,
+        tool_choice: ToolChoice | None = None,
+        system_prompt_content: list[SystemContentBlock] | None = None,
+        invocation_state: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> AsyncGenerator[StreamEvent, None]:
+        """Send the conversation to the engine and replay its answer as Strands events."""
+        request_messages = format_messages(messages, system_prompt, system_prompt_content)
+        tools = format_tools(tool_specs)
+        sampling = dict(self.config.get("params") or {})
+        choice = format_tool_choice(tool_choice)
+        if choice is not None:
+            sampling["tool_choice"] = choice
+        started = time.perf_counter()
+        try:
+            output = await self.rollout_engine.get_model_response(request_messages, tools or None, **sampling)
+        except EngineThrottledError as error:
+            raise ModelThrottledException(str(error)) from error
+        except ContextLengthExceededError as error:
+            raise ContextWindowOverflowException(str(error)) from error
+        latency_ms = int(1000 * (time.perf_counter() - started))
+        record_model_call(invocation_state, ModelCall(messages=request_messages, tools=tools, output=output))
+        events = output_events(output)
+        events[-1]["metadata"]["metrics"]["latencyMs"] = latency_ms
+        for event in events:
+            yield event
+
+    @override
+    async def structured_output(
+        self, output_model: type[T], prompt: Messages, system_prompt: str | None = None, **kwargs: Any
+    ) -> AsyncGenerator[dict[str, T | Any], None]:
+        """Not supported: structured output would bypass the recorded agent loop."""
+        raise NotImplementedError("RLLMModel does not support structured_output; ask for the answer in the prompt")
+        yield  # pragma: no cover - makes this an async generator
