@@ -118,8 +118,8 @@ def test_error_status_and_recorded_requests() -> None:
 
 
 def test_delay_triggers_client_timeout() -> None:
-    with ScriptedOpenAIServer(lambda body: ScriptedReply(content="late", delay=1.0)) as srv:
-        client = openai.OpenAI(base_url=srv.base_url, api_key="test", max_retries=0, timeout=0.2)
+    with ScriptedOpenAIServer(lambda body: ScriptedReply(content="late", delay=0.5)) as srv:
+        client = openai.OpenAI(base_url=srv.base_url, api_key="test", max_retries=0, timeout=0.1)
         with pytest.raises(openai.APITimeoutError):
             client.chat.completions.create(model="m", messages=MESSAGES)
 
@@ -140,3 +140,22 @@ async def test_many_concurrent_requests() -> None:
         await client.close()
         assert answers == [f"Q{i}" for i in range(256)]
         assert len(srv.requests) == 256
+
+
+@pytest.mark.asyncio
+async def test_strands_openai_model_reassembles_tool_calls() -> None:
+    strands_openai = pytest.importorskip("strands.models.openai")
+    reply = ScriptedReply(content="Checking.", tool_calls=[ScriptedToolCall("search", '{"query": "paris"}', id="t1")])
+    async with ScriptedOpenAIServer([reply]) as srv:
+        model = strands_openai.OpenAIModel(client_args={"base_url": srv.base_url, "api_key": "test"}, model_id="m")
+        events = [e async for e in model.stream([{"role": "user", "content": [{"text": "hi"}]}])]
+    starts = [e["contentBlockStart"]["start"] for e in events if "contentBlockStart" in e]
+    assert {"toolUse": {"name": "search", "toolUseId": "t1"}} in starts
+    tool_input = "".join(
+        e["contentBlockDelta"]["delta"]["toolUse"]["input"]
+        for e in events
+        if "toolUse" in e.get("contentBlockDelta", {}).get("delta", {})
+    )
+    assert json.loads(tool_input) == {"query": "paris"}
+    assert events[-2] == {"messageStop": {"stopReason": "tool_use"}}
+    assert events[-1]["metadata"]["usage"]["totalTokens"] == 15

@@ -101,7 +101,7 @@ def stop_reason(output: ModelOutput) -> StopReason:
     return "end_turn"
 
 
-def output_events(output: ModelOutput) -> list[StreamEvent]:
+def output_events(output: ModelOutput, latency_ms: int = 0) -> list[StreamEvent]:
     """The Strands event sequence for one model turn: start, content blocks, stop, usage."""
     events: list[StreamEvent] = [{"messageStart": {"role": "assistant"}}]
     if output.reasoning:
@@ -132,7 +132,7 @@ def output_events(output: ModelOutput) -> list[StreamEvent]:
                     "outputTokens": usage.get("completion_tokens", 0),
                     "totalTokens": usage.get("total_tokens", 0),
                 },
-                "metrics": {"latencyMs": 0},
+                "metrics": {"latencyMs": latency_ms},
             }
         }
     )

@@ -95,9 +95,7 @@ class RLLMModel(Model):
             raise ContextWindowOverflowException(str(error)) from error
         latency_ms = int(1000 * (time.perf_counter() - started))
         record_model_call(invocation_state, ModelCall(messages=request_messages, tools=tools, output=output))
-        events = output_events(output)
-        events[-1]["metadata"]["metrics"]["latencyMs"] = latency_ms
-        for event in events:
+        for event in output_events(output, latency_ms):
             yield event
 
     @override

@@ -95,7 +95,5 @@ class NonStreamingOpenAIModel(OpenAIModel):
         record_model_call(
             invocation_state, ModelCall(messages=request["messages"], tools=request.get("tools", []), output=output)
         )
-        events = output_events(output)
-        events[-1]["metadata"]["metrics"]["latencyMs"] = latency_ms
-        for event in events:
+        for event in output_events(output, latency_ms):
             yield event
