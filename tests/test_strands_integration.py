@@ -51,7 +51,13 @@ class ToolLog:
             self.calls.append(("explode", {"reason": reason}))
             raise RuntimeError(f"boom: {reason}")
 
-        self.tools = [add, lookup, explode]
+        @tool
+        def quota(user: str) -> dict:
+            """Reports failure through the result status rather than an exception."""
+            self.calls.append(("quota", {"user": user}))
+            return {"status": "error", "content": [{"text": f"{user} is over quota"}, {"json": {"used": 11}}]}
+
+        self.tools = [add, lookup, explode, quota]
 
 
 def _question(body: dict[str, Any]) -> str:
@@ -98,7 +104,7 @@ async def test_requests_carry_tool_calls_and_tool_messages_not_prose(serve) -> N
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": [{"type": "text", "text": "what is 2+3?"}]},
     ]
-    assert [t["function"]["name"] for t in first["tools"]] == ["add", "lookup", "explode"]
+    assert [t["function"]["name"] for t in first["tools"]] == ["add", "lookup", "explode", "quota"]
     assert first["tools"][0]["function"]["description"] == "Add two integers and return the sum."
     assert "tool_choice" not in first and "tool_choice" not in second  # never forced
 
@@ -151,6 +157,19 @@ async def test_tool_error_reaches_model_as_error_tool_message(serve) -> None:
     assert tool_message["role"] == "tool" and tool_message["tool_call_id"] == "call_x"
     assert tool_message["content"].startswith("Error")
     assert "disk full" in tool_message["content"]
+
+
+async def test_error_status_of_a_tool_result_is_visible(serve) -> None:
+    server = serve([
+        ScriptedReply(tool_calls=[ScriptedToolCall("quota", '{"user": "ann"}', id="call_q")]),
+        ScriptedReply(content="sorry"),
+    ])
+    agent = _agent(server, ToolLog())
+
+    await agent.invoke_async("go")
+
+    tool_message = server.requests[1]["messages"][-1]
+    assert tool_message == {"role": "tool", "tool_call_id": "call_q", "content": 'Error: ann is over quota\n{"used": 11}'}
 
 
 @pytest.mark.parametrize("entry_point", ["call", "invoke_async", "stream_async"])
@@ -262,7 +281,7 @@ async def test_budget_on_tool_iterations(serve) -> None:
         (ScriptedToolCall("add", '{"a": 1, "b": ', id="bad"), "not valid JSON"),
         (ScriptedToolCall("add", "[1, 2]", id="bad"), "must be a JSON object"),
         (ScriptedToolCall("add", '{"a": 1}', id="bad"), "missing required argument(s): b"),
-        (ScriptedToolCall("subtract", '{"a": 1, "b": 2}', id="bad"), "unknown tool 'subtract'. Available tools: add, explode, lookup"),
+        (ScriptedToolCall("subtract", '{"a": 1, "b": 2}', id="bad"), "unknown tool 'subtract'. Available tools: add, explode, lookup, quota"),
     ],
 )
 async def test_malformed_tool_calls_never_run(serve, call: ScriptedToolCall, expected: str) -> None:
