@@ -13,6 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rllm.tokens.trace import TokenTrace
+
 
 class TerminationReason(str, enum.Enum):
     """Why an episode stopped.
@@ -111,11 +113,15 @@ class Step(_Record):
 
 
 class Trajectory(_Record):
-    """The steps of one agent within an episode."""
+    """The steps of one agent within an episode.
+
+    ``token_trace`` is the rollout's exact token sequence when a token-in/token-out engine ran it.
+    """
 
     name: str = "agent"
     task: Any = None
     steps: list[Step] = Field(default_factory=list)
+    token_trace: TokenTrace | None = None
     reward: float = 0.0
     info: dict[str, Any] = Field(default_factory=dict)
 

@@ -19,6 +19,8 @@ from strands.types.tools import ToolChoice, ToolSpec
 from rllm.types import ModelOutput
 
 _ERROR_PREFIX = "Error: "
+# Name given to a tool call whose name could not be parsed, so Strands still answers it (with an error).
+INVALID_TOOL_NAME = "invalid_tool_call"
 
 
 def _reasoning_text(message: Message) -> str:
@@ -118,7 +120,7 @@ def output_events(output: ModelOutput, latency_ms: int = 0) -> list[StreamEvent]
         ]
     for call in output.tool_calls:
         events += [
-            {"contentBlockStart": {"start": {"toolUse": {"name": call.name, "toolUseId": call.id}}}},
+            {"contentBlockStart": {"start": {"toolUse": {"name": call.name or INVALID_TOOL_NAME, "toolUseId": call.id}}}},
             {"contentBlockDelta": {"delta": {"toolUse": {"input": call.arguments}}}},
             {"contentBlockStop": {}},
         ]

@@ -109,6 +109,8 @@ class _StepRecorder(HookProvider):
                 output=_output_from_message(event.stop_response.message),
             )
         self.last_error = None
+        if call.token_trace is not None:
+            self.trajectory.token_trace = call.token_trace
         self.trajectory.steps.append(
             Step(
                 messages=call.messages,

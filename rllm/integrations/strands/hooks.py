@@ -130,12 +130,14 @@ class ToolCallValidator(HookProvider):
         """The error message for a malformed call, or ``None`` when it may run."""
         tool_use = event.tool_use
         name = tool_use["name"]
+        call = self._lookup(str(tool_use["toolUseId"])) if self._lookup is not None else None
+        if call is not None and call.error is not None:
+            if not call.name:
+                return f"Error: invalid tool call: {call.error}. Text received: {call.arguments[:500]}"
+            return f"Error: invalid arguments for tool '{name}': {call.error}. Arguments received: {call.arguments[:500]}"
         if event.selected_tool is None:
             available = ", ".join(sorted(event.agent.tool_names)) or "none"
             return f"Error: unknown tool '{name}'. Available tools: {available}."
-        call = self._lookup(str(tool_use["toolUseId"])) if self._lookup is not None else None
-        if call is not None and call.error is not None:
-            return f"Error: invalid arguments for tool '{name}': {call.error}. Arguments received: {call.arguments[:500]}"
         arguments = tool_use["input"]
         if not isinstance(arguments, dict):
             return f"Error: invalid arguments for tool '{name}': arguments must be a JSON object."

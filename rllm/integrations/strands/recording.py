@@ -11,9 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from rllm.tokens.trace import TokenTrace
 from rllm.types import ModelOutput
 
 MODEL_CALL_KEY = "rllm.model_call"
+TOKEN_SESSION_KEY = "rllm.token_session"
 
 
 @dataclass
@@ -23,6 +25,7 @@ class ModelCall:
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]]
     output: ModelOutput
+    token_trace: TokenTrace | None = None
 
 
 def record_model_call(invocation_state: dict[str, Any] | None, call: ModelCall) -> None:

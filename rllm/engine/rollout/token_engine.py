@@ -1,0 +1,171 @@
+"""Token-in/token-out engines: the prompt goes to the backend as token ids, the sampled ids come back.
+
+A ``TokenEngine`` renders chat messages itself (incrementally, see ``ChatRenderer``), sends token
+ids, appends the sampled ids and their logprobs to the rollout's ``TokenTrace`` and parses tool
+calls out of the sampled text with a strict parser. Backends (SGLang, vLLM, local transformers,
+verl) only implement ``_generate``. Per-rollout state lives in a ``TokenSession`` that the caller
+keeps (``RLLMModel`` keeps one per agent), so one engine serves any number of rollouts.
+"""
+
+from __future__ import annotations
+
+import abc
+import copy
+import logging
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from rllm.engine.rollout.base import ContextLengthExceededError, select_sampling_params
+from rllm.parser import CallIdFactory, get_tool_parser
+from rllm.tokens.renderer import ChatRenderer
+from rllm.tokens.trace import TokenTrace
+from rllm.types import ModelOutput
+
+logger = logging.getLogger(__name__)
+
+
+class HistoryNotAppendOnlyError(RuntimeError):
+    """The conversation changed other than by appending (trimmed, rewritten): the trace would lie."""
+
+
+@dataclass
+class TokenOutput:
+    """What a backend sampled: token ids, their logprobs and why it stopped (stop, length, abort)."""
+
+    token_ids: list[int]
+    logprobs: list[float] | None
+    finish_reason: str
+
+
+@dataclass
+class TokenSession:
+    """One rollout's token state: the trace, the messages it covers, its tool-call ids.
+
+    Copying returns the same object: Strands deep-copies per-agent model state around every call,
+    and the session must stay one object for the whole rollout.
+    """
+
+    trace: TokenTrace = field(default_factory=TokenTrace)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    call_ids: CallIdFactory = field(default_factory=CallIdFactory)
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> TokenSession:
+        return self
+
+    def __copy__(self) -> TokenSession:
+        return self
+
+
+class TokenEngine(abc.ABC):
+    """Base of the token-in/token-out engines, behind the ``RolloutEngine`` protocol.
+
+    Args:
+        tokenizer: Hugging Face tokenizer with the policy's chat template.
+        tool_parser: ``hermes`` (Qwen3), ``qwen3_coder``.
+        context_length: Tokens the model can attend to; generation is clamped to what is left.
+        chat_template_kwargs: Extra template variables, e.g. ``{"enable_thinking": False}``.
+        audit: Re-render every prompt in full and log where it differs from the trace.
+        **sampling: Default sampling parameters (temperature, top_p, max_tokens, ...).
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        tool_parser: str = "hermes",
+        context_length: int = 32768,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        audit: bool = False,
+        **sampling: Any,
+    ) -> None:
+        defaults, dropped = select_sampling_params(sampling)
+        if dropped:
+            raise TypeError(f"{type(self).__name__}: unknown sampling parameters {dropped}")
+        self.tokenizer = tokenizer
+        self.renderer = ChatRenderer(tokenizer, chat_template_kwargs)
+        self.parser = get_tool_parser(tool_parser)
+        self.context_length = context_length
+        self.audit = audit
+        self.default_sampling = defaults
+        self.audit_mismatches = 0
+
+    def new_session(self) -> TokenSession:
+        """State for a new rollout."""
+        return TokenSession()
+
+    @abc.abstractmethod
+    async def _generate(self, prompt_ids: list[int], max_new_tokens: int, sampling: dict[str, Any], session: TokenSession) -> TokenOutput:
+        """Sample up to ``max_new_tokens`` after ``prompt_ids``, with one logprob per token."""
+
+    async def get_model_response(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        *,
+        session: TokenSession | None = None,
+        **sampling: Any,
+    ) -> ModelOutput:
+        """Extend the session's trace with ``messages``, sample, and parse the answer."""
+        session = session if session is not None else self.new_session()
+        trace = session.trace
+        self._extend_prompt(session, messages, tools)
+        params, _ = select_sampling_params({**self.default_sampling, **sampling})
+        room = self.context_length - len(trace)
+        if room <= 0:
+            raise ContextLengthExceededError(f"prompt of {len(trace)} tokens fills the {self.context_length}-token context")
+        max_new = min(int(params.pop("max_tokens", params.pop("max_completion_tokens", room))), room)
+        params.pop("tool_choice", None)
+        prompt_ids = list(trace.token_ids)
+        output = await self._generate(prompt_ids, max_new, params, session)
+        trace.add_sampled(output.token_ids, output.logprobs)
+        text = self.tokenizer.decode(output.token_ids, skip_special_tokens=False)
+        parsed = self.parser.parse(text, think_prefilled=self.renderer.probe.think_prefilled, ids=session.call_ids)
+        finish = output.finish_reason
+        if finish == "stop" and parsed.tool_calls:
+            finish = "tool_calls"
+        return ModelOutput(
+            text=parsed.content,
+            reasoning=parsed.reasoning,
+            tool_calls=parsed.tool_calls,
+            prompt_ids=prompt_ids,
+            completion_ids=list(output.token_ids),
+            logprobs=output.logprobs,
+            finish_reason=finish,
+            usage={"prompt_tokens": len(prompt_ids), "completion_tokens": len(output.token_ids),
+                   "total_tokens": len(prompt_ids) + len(output.token_ids)},
+        )
+
+    def _extend_prompt(self, session: TokenSession, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> None:
+        trace = session.trace
+        if not trace.segments:
+            trace.add_prompt(self.renderer.prompt_ids(messages, tools))
+        else:
+            previous = session.messages
+            if (
+                len(messages) < len(previous) + 2
+                or messages[: len(previous)] != previous
+                or messages[len(previous)].get("role") != "assistant"
+            ):
+                raise HistoryNotAppendOnlyError(
+                    f"the conversation is not the previous one ({len(previous)} messages) + the model's answer + new "
+                    f"messages (got {len(messages)}): a conversation manager or overflow reduction changed the "
+                    "history, which would corrupt the token trace. Use NullConversationManager for training."
+                )
+            new_messages = messages[len(previous) + 1 :]
+            ends_turn = bool(trace.token_ids) and trace.token_ids[-1] == self.renderer.probe.end_of_turn_id
+            trace.add_context(self.renderer.delta_ids(new_messages, tools, after_end_of_turn=ends_turn))
+        session.messages = copy.deepcopy(messages)
+        if self.audit:
+            self._audit(trace, messages, tools)
+
+    def _audit(self, trace: TokenTrace, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> None:
+        full = self.renderer.prompt_ids(messages, tools)
+        if full != trace.token_ids:
+            first = next((i for i, (a, b) in enumerate(zip(full, trace.token_ids)) if a != b), min(len(full), len(trace)))
+            self.audit_mismatches += 1
+            logger.warning(
+                "audit: a full re-render differs from the token trace at token %d of %d (re-render has %d tokens)",
+                first, len(trace), len(full),
+            )

@@ -1,0 +1,1 @@
+"""Token-level records and rendering for token-in/token-out rollouts."""
