@@ -88,7 +88,7 @@ CHAT_TEMPLATE = r"""{%- macro render_content(content) -%}
 {%- set reasoning = message.reasoning_content %}
 {%- elif '</think>' in content %}
 {%- set reasoning = content.split('</think>')[0].split('<think>')[-1] %}
-{%- set content = content.split('</think>')[-1] %}
+{%- set content = content.split('</think>')[-1].lstrip('\n') %}
 {%- endif %}
 {{- '<|im_start|>assistant\n' }}
 {%- if reasoning is not none and loop.index0 > ns.last_query %}
