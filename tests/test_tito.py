@@ -247,3 +247,19 @@ async def test_strands_agent_runs_on_tiny_qwen3_with_exact_logprobs(tokenizer) -
     for position, (token, mask, logprob) in enumerate(zip(trace.token_ids, trace.loss_mask, trace.logprobs)):
         if mask:
             assert math.isclose(logprob, expected[position - 1, token].item(), abs_tol=1e-3)
+
+
+def test_drift_audit_shows_zero_for_tito_and_drift_for_rerendering() -> None:
+    import asyncio
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "drift_audit.py"
+    spec = importlib.util.spec_from_file_location("drift_audit", path)
+    audit = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(audit)
+
+    results = asyncio.run(audit._audit(4, seed=0))
+
+    assert [r["tito_diff"] for r in results] == [0, 0, 0, 0]
+    assert [r["rerender_diff"] > 0 for r in results] == [False, True, False, True]  # odd ones get a 2nd user turn
