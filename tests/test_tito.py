@@ -21,6 +21,7 @@ from rllm.engine.rollout.vllm_engine import VLLMEngine
 from rllm.integrations.strands import RLLMModel, StrandsAgent
 from rllm.testing.scripted_tokens import ScriptedTokenEngine, ScriptedTokenServer
 from rllm.testing.tiny_models import build_tiny_qwen3, build_tiny_tokenizer
+from rllm.tokens.renderer import ChatRenderer
 from rllm.tokens.trace import TokenTrace, TokenTraceError
 
 SYSTEM = "Answer with \\boxed{}."
@@ -219,7 +220,7 @@ async def test_http_token_engines_send_token_ids(tokenizer, backend: str) -> Non
 
 
 def build_engine_probe(tokenizer: Any) -> int:
-    return ScriptedTokenEngine(tokenizer, lambda p: "").renderer.probe.end_of_turn_id
+    return ChatRenderer(tokenizer).probe.end_of_turn_id
 
 
 async def test_strands_agent_runs_on_tiny_qwen3_with_exact_logprobs(tokenizer) -> None:

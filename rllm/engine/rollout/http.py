@@ -7,15 +7,12 @@ One httpx pool per event loop, a per-request timeout, and capped, jittered expon
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
+from rllm.engine.rollout._retry import PerLoop, backoff_retrying
 from rllm.engine.rollout.base import (
     ContextLengthExceededError,
     EngineRequestError,
@@ -23,7 +20,6 @@ from rllm.engine.rollout.base import (
     EngineUnavailableError,
 )
 
-logger = logging.getLogger(__name__)
 
 _CONTEXT_PHRASES = ("context length", "maximum context", "too long", "max_model_len", "exceed")
 
@@ -65,32 +61,30 @@ class JSONClient:
     backoff_initial: float = 0.5
     backoff_max: float = 30.0
     max_connections: int = 1024
-    _clients: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary, repr=False)
+    _clients: PerLoop[httpx.AsyncClient] = field(init=False, repr=False)
 
-    def _client(self) -> httpx.AsyncClient:
-        loop = asyncio.get_running_loop()
-        client = self._clients.get(loop)
-        if client is None:
-            limits = httpx.Limits(max_connections=self.max_connections, max_keepalive_connections=self.max_connections)
-            client = httpx.AsyncClient(base_url=self.base_url.rstrip("/"), timeout=self.timeout, limits=limits)
-            self._clients[loop] = client
-        return client
+    def __post_init__(self) -> None:
+        self._clients = PerLoop(self._new_client)
+
+    def _new_client(self) -> httpx.AsyncClient:
+        limits = httpx.Limits(max_connections=self.max_connections, max_keepalive_connections=self.max_connections)
+        return httpx.AsyncClient(base_url=self.base_url.rstrip("/"), timeout=self.timeout, limits=limits)
 
     async def post(self, path: str, payload: dict[str, Any], headers: dict[str, str] | None = None) -> dict[str, Any]:
         """POST and return the JSON answer, retrying infrastructure failures."""
         url = f"{self.base_url.rstrip('/')}{path}"
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(self.max_retries + 1),
-            wait=wait_exponential_jitter(multiplier=self.backoff_initial, max=self.backoff_max, jitter=self.backoff_initial),
-            retry=retry_if_exception(_retryable),
-            before_sleep=lambda s: logger.warning("%s: attempt %d failed (%s), retrying", url, s.attempt_number,
-                                                  _describe(s.outcome.exception()) if s.outcome else "?"),
-            reraise=True,
+        retrying = backoff_retrying(
+            url,
+            max_retries=self.max_retries,
+            backoff_initial=self.backoff_initial,
+            backoff_max=self.backoff_max,
+            retryable=_retryable,
+            describe=_describe,
         )
         try:
             async for attempt in retrying:
                 with attempt:
-                    response = await self._client().post(path, json=payload, headers=headers)
+                    response = await self._clients.get().post(path, json=payload, headers=headers)
                     if response.status_code == 429 or response.status_code >= 500:
                         raise _RetryableStatus(response)
         except _RetryableStatus as error:

@@ -8,15 +8,13 @@ prompt and completion token ids and the logprobs, so the output can be trained o
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import weakref
 from typing import Any
 
 import httpx
 import openai
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
+from rllm.engine.rollout._retry import PerLoop, backoff_retrying
 from rllm.engine.rollout.base import (
     ContextLengthExceededError,
     EngineError,
@@ -113,37 +111,27 @@ class OpenAIEngine:
         self.logprobs = return_token_ids if logprobs is None else logprobs
         self.max_connections = max_connections
         self.default_sampling = defaults
-        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, openai.AsyncOpenAI] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._clients: PerLoop[openai.AsyncOpenAI] = PerLoop(self._new_client)
 
     @property
     def url(self) -> str:
         """The chat-completions URL, as named in errors."""
         return f"{self.base_url}/chat/completions"
 
-    def _client(self) -> openai.AsyncOpenAI:
-        """The pooled client of the running event loop, created on first use."""
-        loop = asyncio.get_running_loop()
-        client = self._clients.get(loop)
-        if client is None:
-            client = openai.AsyncOpenAI(
-                base_url=self.base_url,
-                api_key=self.api_key,
-                timeout=self.timeout,
-                max_retries=0,  # retries are ours: capped, jittered, and only for retryable errors
-                http_client=openai.DefaultAsyncHttpxClient(
-                    limits=httpx.Limits(
-                        max_connections=self.max_connections, max_keepalive_connections=self.max_connections
-                    )
-                ),
-            )
-            self._clients[loop] = client
-        return client
+    def _new_client(self) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(
+            base_url=self.base_url,
+            api_key=self.api_key,
+            timeout=self.timeout,
+            max_retries=0,  # retries are ours: capped, jittered, and only for retryable errors
+            http_client=openai.DefaultAsyncHttpxClient(
+                limits=httpx.Limits(max_connections=self.max_connections, max_keepalive_connections=self.max_connections)
+            ),
+        )
 
     async def close(self) -> None:
         """Close the running loop's connection pool."""
-        client = self._clients.pop(asyncio.get_running_loop(), None)
+        client = self._clients.pop()
         if client is not None:
             await client.close()
 
@@ -174,22 +162,18 @@ class OpenAIEngine:
     ) -> ModelOutput:
         """Send one chat completion, retrying infrastructure failures, and parse the answer."""
         request = self.build_request(messages, tools, **sampling)
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(self.max_retries + 1),
-            wait=wait_exponential_jitter(multiplier=self.backoff_initial, max=self.backoff_max, jitter=self.backoff_initial),
-            retry=retry_if_exception(_is_retryable),
-            before_sleep=lambda state: logger.warning(
-                "%s: attempt %d failed (%s), retrying",
-                self.url,
-                state.attempt_number,
-                _describe(state.outcome.exception()) if state.outcome else "?",
-            ),
-            reraise=True,
+        retrying = backoff_retrying(
+            self.url,
+            max_retries=self.max_retries,
+            backoff_initial=self.backoff_initial,
+            backoff_max=self.backoff_max,
+            retryable=_is_retryable,
+            describe=_describe,
         )
         try:
             async for attempt in retrying:
                 with attempt:
-                    response = await self._client().chat.completions.create(**request)
+                    response = await self._clients.get().chat.completions.create(**request)
         except openai.APIError as error:
             raise self._translate(error) from error
         if not response.choices:
