@@ -19,8 +19,9 @@ from rllm.tokens.trace import TokenTrace
 class TerminationReason(str, enum.Enum):
     """Why an episode stopped.
 
-    ``ENGINE_ERROR`` and ``TIMEOUT`` are infrastructure failures: training masks them and
-    evaluation reports them apart from wrong answers.
+    ``ENGINE_ERROR``, ``TOOL_BACKEND_ERROR`` and ``TIMEOUT`` are infrastructure failures:
+    training masks them and evaluation reports them apart from wrong answers. ``ERROR`` is an
+    unexpected exception (a bug or a misconfiguration), never masked.
     """
 
     FINISHED = "finished"
@@ -31,13 +32,14 @@ class TerminationReason(str, enum.Enum):
     PARSE_ERROR = "parse_error"
     TIMEOUT = "timeout"
     ENGINE_ERROR = "engine_error"
+    TOOL_BACKEND_ERROR = "tool_backend_error"
     CANCELLED = "cancelled"
     ERROR = "error"
 
     @property
     def is_infrastructure_failure(self) -> bool:
         """True when the policy is not to blame, so the episode must not be scored."""
-        return self in (TerminationReason.ENGINE_ERROR, TerminationReason.TIMEOUT)
+        return self in (TerminationReason.ENGINE_ERROR, TerminationReason.TOOL_BACKEND_ERROR, TerminationReason.TIMEOUT)
 
 
 class _Record(BaseModel):

@@ -1,15 +1,34 @@
 """The rollout-engine interface and the errors every engine raises.
 
 An engine turns OpenAI-format chat messages (and tool schemas) into one ``ModelOutput``. The
-error classes let callers tell an infrastructure failure (mask it, retry the rollout) from a
-request the model itself made impossible (context overflow: the episode ends, it is not retried).
+error classes (defined in ``rllm.errors``, re-exported here) let callers tell an infrastructure
+failure (mask it, retry the rollout) from a request the model itself made impossible (context
+overflow: the episode ends, it is not retried).
 """
 
 from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
+from rllm.errors import (  # re-exported: engines and callers import them from here
+    ContextLengthExceededError,
+    EngineError,
+    EngineRequestError,
+    EngineThrottledError,
+    EngineUnavailableError,
+)
 from rllm.types import ModelOutput
+
+__all__ = [
+    "SAMPLING_PARAMS",
+    "ContextLengthExceededError",
+    "EngineError",
+    "EngineRequestError",
+    "EngineThrottledError",
+    "EngineUnavailableError",
+    "RolloutEngine",
+    "select_sampling_params",
+]
 
 # Sampling parameters an engine forwards to the server. Anything else given as a keyword (Strands
 # passes its own: system_prompt_content, invocation_state, agent_metadata, ...) is dropped.
@@ -57,28 +76,3 @@ class RolloutEngine(Protocol):
     ) -> ModelOutput:
         """Generate one assistant turn for ``messages``."""
         ...
-
-
-class EngineError(RuntimeError):
-    """Base class: a model call failed. ``url`` names the endpoint, ``cause`` what went wrong."""
-
-    def __init__(self, message: str, *, url: str | None = None, cause: str | None = None) -> None:
-        super().__init__(message)
-        self.url = url
-        self.cause = cause
-
-
-class EngineUnavailableError(EngineError):
-    """The engine could not be reached or kept failing (5xx, timeouts): an infrastructure failure."""
-
-
-class EngineThrottledError(EngineUnavailableError):
-    """The engine kept answering 429 after every retry."""
-
-
-class ContextLengthExceededError(EngineError):
-    """The prompt (plus the requested completion) does not fit the model's context window."""
-
-
-class EngineRequestError(EngineError):
-    """The engine rejected the request (a 4xx other than 429); retrying would not help."""

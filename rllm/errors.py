@@ -1,0 +1,104 @@
+"""The errors rllm raises, in one place, typed by who is to blame.
+
+Three kinds matter to whoever runs rollouts:
+
+* ``InfrastructureError``: something the policy did not cause failed (the engine is unreachable or
+  throttled, a tool's own backend is down). Such a rollout is retried, masked in training and
+  reported apart from wrong answers, never scored as the policy's mistake.
+* ``ConfigurationError``: the run is set up wrongly (a tool backend rejects its credentials).
+  Never masked: every rollout would fail the same way, so it must stop the run.
+* Anything else that ends a rollout unexpectedly is a bug. ``AgentWorkflowEngine`` keeps its
+  episode and stops with ``SystemicFailureError`` once the same error has ended several rollouts;
+  it stops with ``InfrastructureFailureRateError`` when too many rollouts fail on infrastructure.
+"""
+
+from __future__ import annotations
+
+
+class RLLMError(Exception):
+    """Base of every error rllm defines."""
+
+
+class InfrastructureError(RLLMError):
+    """Marker base: a failure of infrastructure, not of the policy (retry, mask, report apart)."""
+
+
+class ConfigurationError(RLLMError):
+    """The run is misconfigured (credentials, endpoints, options); it must stop, never be masked."""
+
+
+class EngineError(RLLMError, RuntimeError):
+    """Base class: a model call failed. ``url`` names the endpoint, ``cause`` what went wrong."""
+
+    def __init__(self, message: str, *, url: str | None = None, cause: str | None = None) -> None:
+        super().__init__(message)
+        self.url = url
+        self.cause = cause
+
+
+class EngineUnavailableError(EngineError, InfrastructureError):
+    """The engine could not be reached or kept failing (5xx, timeouts, an aborted generation)."""
+
+
+class EngineThrottledError(EngineUnavailableError):
+    """The engine kept answering 429 after every retry."""
+
+
+class ContextLengthExceededError(EngineError):
+    """The prompt (plus the requested completion) does not fit the model's context window."""
+
+
+class EngineRequestError(EngineError):
+    """The engine rejected the request (a 4xx other than 429); retrying would not help."""
+
+
+class ToolBackendError(InfrastructureError):
+    """A tool's own backend failed (unreachable, 5xx, timed out after its retries).
+
+    A tool raises it instead of returning error text: Strands still shows the model an error tool
+    result with the message, and the rollout ends as an infrastructure failure.
+    """
+
+
+class SystemicFailureError(RLLMError):
+    """The same non-infrastructure error ended ``count`` rollouts: a bug or a misconfiguration.
+
+    Attributes:
+        cause: The error, as ``"ExceptionType: message"`` of its first occurrence.
+        count: How many rollouts it ended.
+        episode_ids: Ids of those rollouts' episodes (all kept in the run's output).
+    """
+
+    def __init__(self, cause: str, count: int, episode_ids: list[str] | None = None) -> None:
+        self.cause = cause
+        self.count = count
+        self.episode_ids = list(episode_ids or [])
+        super().__init__(f"the same error ended {count} rollouts; stopping the run: {cause}")
+
+
+class InfrastructureFailureRateError(RLLMError):
+    """More than the allowed share of a batch's rollouts failed on infrastructure (circuit breaker).
+
+    Attributes:
+        cause: The most common failure, as ``"ExceptionType: message"`` or a termination reason.
+        cause_count: How many rollouts it ended.
+        failures: Rollouts that ended as infrastructure failures (after retries).
+        total: Rollouts in the batch.
+        max_share: The share that was exceeded.
+    """
+
+    def __init__(self, cause: str, *, cause_count: int, failures: int, total: int, max_share: float) -> None:
+        self.cause = cause
+        self.cause_count = cause_count
+        self.failures = failures
+        self.total = total
+        self.max_share = max_share
+        super().__init__(
+            f"{failures} of {total} rollouts failed on infrastructure (more than {max_share:.0%}); "
+            f"stopping instead of using the rest. Most common cause ({cause_count}x): {cause}"
+        )
+
+    @property
+    def share(self) -> float:
+        """Failed rollouts over the batch."""
+        return self.failures / self.total if self.total else 0.0
