@@ -102,3 +102,23 @@ class InfrastructureFailureRateError(RLLMError):
     def share(self) -> float:
         """Failed rollouts over the batch."""
         return self.failures / self.total if self.total else 0.0
+
+
+class TokenDataError(RLLMError, ValueError):
+    """Base: the token data of a rollout would be wrong (never masked: it is a bug or a misconfiguration)."""
+
+
+class TemplateError(TokenDataError):
+    """The chat template cannot render a conversation, or cannot render it incrementally."""
+
+
+class UnsupportedContentError(TemplateError):
+    """A message holds content the policy cannot take (an image for a text-only model, say)."""
+
+
+class TokenTraceError(TokenDataError):
+    """An append would break a ``TokenTrace``'s invariants."""
+
+
+class HistoryNotAppendOnlyError(TokenDataError):
+    """The conversation changed other than by appending (trimmed, rewritten): the trace would lie."""
