@@ -2,8 +2,17 @@
 
 Needs only the core install (httpx, tenacity, strands). One pooled ``httpx.AsyncClient`` per event
 loop; connection failures, timeouts and 502/503/504 are retried with capped, jittered backoff
-(a 503's ``Retry-After`` is honoured). The tool never raises into the agent: a failure comes back
-as text the model can read.
+(a 503's ``Retry-After`` is honoured).
+
+Failures are typed, so whoever runs the agent tells them apart without reading text:
+
+* ``RetrievalUnavailableError`` (a ``ToolBackendError``): unreachable, timed out or 5xx after the
+  retries, or a garbled answer. The tool raises it; the model still reads the message as an error
+  tool result, and the rollout ends as an infrastructure failure.
+* ``RetrievalAuthError`` (a ``ConfigurationError``): 401/403, the token is missing or wrong. The
+  tool raises it and the run stops: every search would fail the same way.
+* any other 4xx (an empty query, a bad ``top_k``): the policy's doing. The tool returns an error
+  result the model reads and can correct.
 """
 
 from __future__ import annotations
@@ -14,18 +23,33 @@ from typing import Any
 import httpx
 
 from rllm.engine.rollout._retry import PerLoop, backoff_retrying
+from rllm.errors import ConfigurationError, RLLMError, ToolBackendError
 
 logger = logging.getLogger(__name__)
 
 _RETRY_STATUSES = frozenset({502, 503, 504})
+_AUTH_STATUSES = frozenset({401, 403})
+TOKEN_ENV = "RETRIEVAL_TOKEN"
+"""The environment variable holding the retrieval server's bearer token, on both sides."""
 
 
-class RetrievalError(Exception):
-    """A search that failed; ``str(error)`` is a sentence a person (or a model) can act on."""
+class RetrievalError(RLLMError):
+    """A search that failed; ``str(error)`` is a sentence a person (or a model) can act on.
+
+    Raised as such for a request the server rejected as invalid (a 4xx other than 401/403).
+    """
 
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
+
+
+class RetrievalUnavailableError(RetrievalError, ToolBackendError):
+    """The server was unreachable, timed out, answered 5xx after every retry, or sent garbage."""
+
+
+class RetrievalAuthError(RetrievalError, ConfigurationError):
+    """The server refused the client's token (HTTP 401/403): a configuration error, not the policy's."""
 
 
 class _Retryable(Exception):
@@ -97,18 +121,27 @@ class RetrievalClient:
                     if response.status_code in _RETRY_STATUSES:
                         raise _Retryable(response)
         except _Retryable as e:
-            raise RetrievalError(f"retrieval server at {self.base_url} is overloaded or unavailable after "
-                                 f"{attempts} attempts ({e})", e.status) from e
+            raise RetrievalUnavailableError(f"retrieval server at {self.base_url} is overloaded or unavailable "
+                                            f"after {attempts} attempts ({e})", e.status) from e
         except httpx.TransportError as e:
-            raise RetrievalError(f"retrieval server at {self.base_url} is unreachable after {attempts} attempts: "
-                                 f"{_describe(e)}") from e
-        if response.status_code >= 400:
-            raise RetrievalError(f"retrieval server rejected the request (HTTP {response.status_code}): "
-                                 f"{_detail(response)}", response.status_code)
+            raise RetrievalUnavailableError(f"retrieval server at {self.base_url} is unreachable after {attempts} "
+                                            f"attempts: {_describe(e)}") from e
+        status = response.status_code
+        if status in _AUTH_STATUSES:
+            sent = "a token it does not accept" if self.token else "no token"
+            raise RetrievalAuthError(
+                f"retrieval server at {self.base_url} rejected the token (HTTP {status}: {_detail(response)}); "
+                f"the client sent {sent}: set {TOKEN_ENV} to the token the server was started with", status)
+        if status >= 500:
+            raise RetrievalUnavailableError(f"retrieval server at {self.base_url} failed (HTTP {status}): "
+                                            f"{_detail(response)}", status)
+        if status >= 400:
+            raise RetrievalError(f"retrieval server rejected the request (HTTP {status}): {_detail(response)}",
+                                 status)
         try:
             return response.json()
         except ValueError as e:
-            raise RetrievalError(f"retrieval server at {url} sent a non-JSON answer") from e
+            raise RetrievalUnavailableError(f"retrieval server at {url} sent a non-JSON answer") from e
 
     async def search(self, query: str, top_k: int = 3) -> list[dict[str, Any]]:
         """Top-``top_k`` passages ``{id, title, contents, score}``, best first; raises ``RetrievalError``."""
@@ -147,8 +180,11 @@ def make_local_search_tool(base_url: str, token: str | None = None, *, max_chars
                            **client_kwargs: Any) -> Any:
     """A Strands tool ``local_search(query, top_k=3)`` bound to one retrieval server.
 
-    ``client_kwargs`` go to ``RetrievalClient`` (``timeout``, ``max_retries``, ...). Failures come
-    back as an error tool result whose text explains what went wrong; nothing is raised.
+    ``client_kwargs`` go to ``RetrievalClient`` (``timeout``, ``max_retries``, ...). Every failure
+    reaches the model as an error tool result explaining what went wrong. A failed backend
+    (``RetrievalUnavailableError``) and a refused token (``RetrievalAuthError``) are raised, so that
+    Strands hands the typed exception to the agent's hooks as well (``AfterToolCallEvent.exception``);
+    a rejected query is returned as an error result only.
     """
     from strands import tool
 
@@ -164,6 +200,8 @@ def make_local_search_tool(base_url: str, token: str | None = None, *, max_chars
         """
         try:
             return format_passages(await client.search(query, top_k), max_chars)
+        except (RetrievalUnavailableError, RetrievalAuthError):
+            raise  # typed: Strands shows the model "Error: <Type> - <message>" and hooks get the exception
         except RetrievalError as e:
             return {"status": "error", "content": [{"text": f"Search failed: {e}"}]}
         except Exception as e:  # noqa: BLE001 - a tool must answer the model, not crash the agent
@@ -175,9 +213,21 @@ def make_local_search_tool(base_url: str, token: str | None = None, *, max_chars
 
 
 async def check_health(base_url: str, token: str | None = None, timeout: float = 5.0) -> dict[str, Any]:
-    """``/health`` of a server, failing fast (no retries): raises ``RetrievalError`` naming the problem."""
+    """``/health`` of a server, failing fast (no retries): raises ``RetrievalError`` naming the problem.
+
+    ``/health`` needs no token; ``check_search`` also proves the token is accepted.
+    """
     client = RetrievalClient(base_url, token, timeout=timeout, max_retries=0)
     try:
         return await client.health()
+    finally:
+        await client.aclose()
+
+
+async def check_search(base_url: str, token: str | None = None, timeout: float = 30.0) -> list[dict[str, Any]]:
+    """One authenticated ``POST /retrieve``, failing fast: ``RetrievalAuthError`` on a refused token."""
+    client = RetrievalClient(base_url, token, timeout=timeout, max_retries=0)
+    try:
+        return await client.search("health check", 1)
     finally:
         await client.aclose()

@@ -9,8 +9,9 @@
 #   shipped with rllm, cached in $RAG_CACHE_DIR (default <repo>/.cache/rag/hotpotqa-minilm).
 #   Works offline once the `rag` extra is installed.
 # port: default 8000.
-# Environment: RAG_HOST (bind address, default 127.0.0.1), RAG_TOKEN (bearer token, default none),
-#   PYTHON (interpreter, default python, else python3).
+# Environment: RAG_HOST (bind address, default 127.0.0.1), RETRIEVAL_TOKEN (bearer token, default
+#   none; the same variable the local_search tool and the training recipe read; RAG_TOKEN is a
+#   deprecated alias), PYTHON (interpreter, default python, else python3).
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -2,8 +2,8 @@
 
 Every bad input gets a 4xx whose ``detail`` names the problem; a full queue gets 503 with
 ``Retry-After``; shutdown answers the requests already in flight. Binds 127.0.0.1 unless told
-otherwise, and with a token set every route but ``/health`` and the API docs needs
-``Authorization: Bearer <token>``.
+otherwise, and with a token set (``--token`` or ``$RETRIEVAL_TOKEN``, the variable the client
+reads too) every route but ``/health`` and the API docs needs ``Authorization: Bearer <token>``.
 
     python -m rag.server --index-dir .cache/rag/hotpotqa-minilm --port 8000
 """
@@ -15,7 +15,7 @@ import hmac
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, Protocol
 
@@ -26,12 +26,14 @@ from pydantic import AfterValidator, BaseModel, StrictInt, StrictStr, Validation
 from pydantic_core import PydanticCustomError
 
 from rag.batcher import Batcher, Overloaded
+from rag.client import TOKEN_ENV
 from rag.metrics import ServerMetrics
 
 logger = logging.getLogger(__name__)
 
 _OPEN_PATHS = frozenset({"/health", "/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect"})
 _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+_LEGACY_TOKEN_ENV = "RAG_TOKEN"
 
 
 class ServerSettings(BaseModel):
@@ -346,12 +348,31 @@ def create_app(retriever: RetrieverLike, settings: ServerSettings | None = None)
 
 
 # ----------------------------------------------------------------------------- CLI
+def token_from_env(environ: Mapping[str, str] | None = None) -> str | None:
+    """The bearer token from ``RETRIEVAL_TOKEN``, the variable the client reads too.
+
+    ``RAG_TOKEN`` (this server's former variable) is still read when ``RETRIEVAL_TOKEN`` is unset,
+    with a deprecation warning: a token that only the server knows makes every search a 401.
+    """
+    env = os.environ if environ is None else environ
+    token = env.get(TOKEN_ENV) or None
+    legacy = env.get(_LEGACY_TOKEN_ENV) or None
+    if token is None and legacy is not None:
+        logger.warning("%s is deprecated: set %s instead (the local_search tool reads %s, so a token in %s alone "
+                       "makes every search fail with 401)", _LEGACY_TOKEN_ENV, TOKEN_ENV, TOKEN_ENV, _LEGACY_TOKEN_ENV)
+        return legacy
+    if token is not None and legacy is not None and legacy != token:
+        logger.warning("%s differs from %s and is ignored", _LEGACY_TOKEN_ENV, TOKEN_ENV)
+    return token
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m rag.server", description=__doc__.split("\n\n")[0])
     p.add_argument("--index-dir", required=True, help="directory with manifest.json, the index and the corpus")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; 0.0.0.0 exposes it)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--token", default=None, help="bearer token (default: env RAG_TOKEN; none if unset)")
+    p.add_argument("--token", default=None, help="bearer token (default: env RETRIEVAL_TOKEN, the variable the "
+                   "local_search tool reads; none if unset)")
     g = p.add_argument_group("index placement")
     g.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto")
     g.add_argument("--gpus", default=None, help="comma-separated GPU ids (default: all visible)")
@@ -387,7 +408,7 @@ def main(argv: list[str] | None = None) -> None:
                            nprobe=args.nprobe, ef_search=args.ef_search, threads=args.threads)
     retriever = Retriever.load(args.index_dir, options, threads=args.threads, mmap_index=args.mmap_index)
     retriever.search(["warm-up query"], 1)
-    token = args.token or os.environ.get("RAG_TOKEN") or None
+    token = args.token or token_from_env()
     settings = ServerSettings(token=token, drain_timeout=args.drain_timeout, **{
         k: getattr(args, k) for k in ("max_batch_size", "max_queue", "cache_passages", "max_top_k", "max_query_chars",
                                       "max_batch_queries", "max_body_bytes", "retry_after")})

@@ -14,7 +14,17 @@ from typing import Any
 
 import pytest
 
-from rag.client import RetrievalClient, RetrievalError, check_health, format_passages, make_local_search_tool
+from rag.client import (
+    RetrievalAuthError,
+    RetrievalClient,
+    RetrievalError,
+    RetrievalUnavailableError,
+    check_health,
+    check_search,
+    format_passages,
+    make_local_search_tool,
+)
+from rllm.errors import ConfigurationError, ToolBackendError
 from rag.retriever import Retriever
 from rag.server import ServerSettings
 from rag.testing import RetrievalServer, SlowRetriever, demo_index
@@ -93,22 +103,33 @@ async def test_local_search_tool_returns_numbered_passages(server: RetrievalServ
     assert "Krull (film)" in text
 
 
-async def test_local_search_reports_a_down_server_as_text() -> None:
+async def _call_with_exception(tool: Any, **tool_input: Any) -> tuple[dict[str, Any], BaseException | None]:
+    """The ToolResult and the exception Strands attaches to it (what ``AfterToolCallEvent.exception`` gets)."""
+    event = None
+    async for event in tool.stream({"toolUseId": "t1", "name": tool.tool_name, "input": tool_input}, {}):
+        pass
+    return event["tool_result"], event.exception
+
+
+async def test_local_search_raises_a_typed_backend_failure_the_model_still_reads() -> None:
     local_search = make_local_search_tool(_dead_url(), max_retries=1, backoff_initial=0.01)
     start = time.monotonic()
-    result = await _call(local_search, query="anything")
+    result, error = await _call_with_exception(local_search, query="anything")
     assert time.monotonic() - start < 10
+    # The typed signal: the exception object, an infrastructure error, not a text pattern.
+    assert isinstance(error, RetrievalUnavailableError) and isinstance(error, ToolBackendError)
+    # The model still reads what went wrong.
     assert result["status"] == "error"
     text = result["content"][0]["text"]
-    assert text.startswith("Search failed: retrieval server at http://127.0.0.1:")
+    assert text.startswith("Error: RetrievalUnavailableError - retrieval server at http://127.0.0.1:")
     assert "unreachable after 2 attempts" in text and "connection refused" in text
-    with pytest.raises(RetrievalError, match="unreachable"):
+    with pytest.raises(RetrievalUnavailableError, match="unreachable"):
         await check_health(_dead_url())
 
 
 async def test_local_search_reports_bad_arguments_as_text(server: RetrievalServer) -> None:
-    result = await _call(make_local_search_tool(server.base_url), query="   ", top_k=3)
-    assert result["status"] == "error"
+    result, error = await _call_with_exception(make_local_search_tool(server.base_url), query="   ", top_k=3)
+    assert result["status"] == "error" and error is None  # the policy's query: text only, no typed failure
     assert "query: must not be empty or whitespace" in result["content"][0]["text"]
 
 
@@ -123,11 +144,18 @@ async def test_client_retries_503_until_the_queue_drains(retriever: Retriever) -
     assert metrics["rejected_overload"] > 0  # some attempts were turned away and retried
 
 
-async def test_token_is_sent_when_given(retriever: Retriever) -> None:
+async def test_token_is_sent_when_given_and_a_refused_token_is_a_configuration_error(retriever: Retriever) -> None:
     with RetrievalServer(retriever, ServerSettings(token="tok")) as srv:
         assert (await RetrievalClient(srv.base_url, token="tok").search("film", 1))
-        result = await _call(make_local_search_tool(srv.base_url), query="film")
-    assert result["status"] == "error" and "missing bearer token" in result["content"][0]["text"]
+        assert (await check_search(srv.base_url, "tok"))
+        result, error = await _call_with_exception(make_local_search_tool(srv.base_url), query="film")
+        with pytest.raises(RetrievalAuthError, match=r"HTTP 401.*wrong bearer token.*set RETRIEVAL_TOKEN"):
+            await check_search(srv.base_url, "not-the-token")
+    assert isinstance(error, RetrievalAuthError) and isinstance(error, ConfigurationError)
+    assert error.status == 401 and not isinstance(error, ToolBackendError)
+    text = result["content"][0]["text"]
+    assert result["status"] == "error" and "missing bearer token" in text
+    assert "the client sent no token: set RETRIEVAL_TOKEN to the token the server was started with" in text
 
 
 def test_tool_works_from_fresh_event_loops(server: RetrievalServer) -> None:

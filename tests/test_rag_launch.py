@@ -32,7 +32,8 @@ def test_launch_serves_the_default_index_with_token_and_extra_args(tmp_path_fact
     # session's prebuilt demo index so the test does not rebuild it.
     cache = demo_index(tmp_path_factory.getbasetemp(), 200)
     port = _free_port()
-    env = {**os.environ, "RAG_CACHE_DIR": str(cache), "PYTHON": sys.executable, "RAG_TOKEN": "launch-token"}
+    env = {**os.environ, "RAG_CACHE_DIR": str(cache), "PYTHON": sys.executable, "RETRIEVAL_TOKEN": "launch-token"}
+    env.pop("RAG_TOKEN", None)
     proc = subprocess.Popen(["bash", str(LAUNCH), "", str(port), "--max-top-k", "5"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"

@@ -263,3 +263,17 @@ def test_shutdown_finishes_requests_in_flight(retriever: Retriever) -> None:
     assert replies[0].json()["results"]
     with pytest.raises(httpx.ConnectError):
         httpx.post(f"{url}/retrieve", json={"query": "film"})
+
+
+def test_token_comes_from_retrieval_token_with_rag_token_a_deprecated_alias(caplog) -> None:
+    from rag.server import token_from_env
+
+    assert token_from_env({}) is None
+    assert token_from_env({"RETRIEVAL_TOKEN": "tok"}) == "tok"
+    with caplog.at_level("WARNING", logger="rag.server"):
+        assert token_from_env({"RAG_TOKEN": "old"}) == "old"
+    assert "RAG_TOKEN is deprecated: set RETRIEVAL_TOKEN" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="rag.server"):
+        assert token_from_env({"RETRIEVAL_TOKEN": "new", "RAG_TOKEN": "old"}) == "new"
+    assert "RAG_TOKEN differs from RETRIEVAL_TOKEN and is ignored" in caplog.text
