@@ -143,6 +143,9 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(201, json.dumps(echo).encode(), "application/json")
 
 
+_LOCAL = ("127.0.0.1",)  # the test server is on loopback, which http_request refuses unless allowed
+
+
 @pytest.fixture(scope="module")
 def http_url() -> Iterator[str]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
@@ -155,7 +158,7 @@ def http_url() -> Iterator[str]:
 
 
 async def test_http_get_returns_status_and_text(http_url: str) -> None:
-    http_request = make_http_request_tool()
+    http_request = make_http_request_tool(allowed_networks=_LOCAL)
     assert await http_request(url=f"{http_url}/text") == (
         f"HTTP 200 OK\nURL: {http_url}/text\ncontent-type: text/plain; charset=utf-8\n\nplain café")
     html = await http_request(url=f"{http_url}/html")
@@ -165,7 +168,7 @@ async def test_http_get_returns_status_and_text(http_url: str) -> None:
 
 
 async def test_http_post_sends_the_body_and_headers(http_url: str) -> None:
-    result = await make_http_request_tool()(url=f"{http_url}/echo", method="post", body='{"q": 1}',
+    result = await make_http_request_tool(allowed_networks=_LOCAL)(url=f"{http_url}/echo", method="post", body='{"q": 1}',
                                             headers={"X-Test": "yes"})
     assert result.startswith("HTTP 201 Created")
     echo = json.loads(result.split("\n\n", 1)[1])
@@ -173,18 +176,18 @@ async def test_http_post_sends_the_body_and_headers(http_url: str) -> None:
 
 
 async def test_http_caps_size_and_time(http_url: str) -> None:
-    capped = await make_http_request_tool(max_bytes=1000, max_chars=100_000)(url=f"{http_url}/big")
+    capped = await make_http_request_tool(allowed_networks=_LOCAL, max_bytes=1000, max_chars=100_000)(url=f"{http_url}/big")
     assert "[body cut at 1,000 bytes]" in capped and capped.endswith("\n\n" + "x" * 1000)
-    truncated = await make_http_request_tool(max_chars=50)(url=f"{http_url}/big")
+    truncated = await make_http_request_tool(allowed_networks=_LOCAL, max_chars=50)(url=f"{http_url}/big")
     assert truncated.endswith("x" * 50 + "\n[text truncated to 50 of 2,097,152 characters]")
     started = time.perf_counter()
-    slow = await make_http_request_tool(timeout=0.5)(url=f"{http_url}/slow")
+    slow = await make_http_request_tool(allowed_networks=_LOCAL, timeout=0.5)(url=f"{http_url}/slow")
     assert slow == f"Error: the request to {http_url}/slow timed out after 0.5 s"
     assert time.perf_counter() - started < 2.5
 
 
 async def test_http_failures_come_back_as_text() -> None:
-    http_request = make_http_request_tool(timeout=5)
+    http_request = make_http_request_tool(allowed_networks=_LOCAL, timeout=5)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         closed_port = sock.getsockname()[1]
@@ -243,7 +246,8 @@ async def test_python_is_stopped_at_its_time_limit(work_dir: Path, code: str) ->
      ("import subprocess\nsubprocess.run(['cat', '../secret.txt'])", "may not start or signal processes"),
      ("import os\nos.system('cat ../secret.txt')", "may not start or signal processes (os.system)"),
      ("import ctypes\nctypes.CDLL('libc.so.6')", "may not load native libraries"),
-     ("import socket\nsocket.create_connection(('127.0.0.1', 9))", "has no network access (socket.connect)")],
+     ("import socket\nsocket.create_connection(('127.0.0.1', 9))", "has no network access (socket.getaddrinfo)"),
+     ("import socket\nsocket.socket().connect(('127.0.0.1', 9))", "has no network access (socket.connect)")],
 )
 async def test_python_cannot_reach_outside_its_work_dir(work_dir: Path, code: str, refusal: str) -> None:
     result = await make_python_exec_tool(work_dir, timeout=20)(code=code)

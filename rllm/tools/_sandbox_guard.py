@@ -1,18 +1,27 @@
 """Child-side guard for ``python_exec``: run as ``python -I _sandbox_guard.py CONFIG`` with the code on stdin.
 
-It lowers resource limits (CPU seconds, address space, written file size), then installs a
-``sys.addaudithook`` hook before running the code, which refuses:
+It lowers resource limits (CPU seconds, address space, written file size, no core dumps), then
+installs a ``sys.addaudithook`` hook before running the code, which refuses:
 
 * opening, creating, renaming, deleting or linking a path that resolves outside the work dir,
-  except read-only access to the Python installation and a few system files imports need;
+  except read-only access to the Python installation and a few system files imports need
+  (``/proc/self/mem``, other processes' ``/proc`` entries and the rest of ``/proc/self`` are out);
 * listing or changing into a directory outside it;
-* starting processes (``subprocess``, ``os.system``, ``exec*``, ``spawn*``, ``fork``), signalling
-  other processes, and loading native libraries with ``ctypes``;
-* opening network connections, unless the config allows the network.
+* starting processes (``subprocess``, ``os.system``, ``exec*``, ``spawn*``, ``fork``, a re-import
+  of ``_posixsubprocess``, whose ``fork_exec`` is removed), signalling other processes;
+* ``ctypes`` loading a library (``CDLL(None)`` included), looking up a symbol, or making objects
+  at raw addresses;
+* raising resource limits, tracing or profiling frames, and listing objects through ``gc`` (the
+  ways to reach and switch off the hook from Python);
+* network connections and DNS lookups, unless the config allows the network.
 
-This is a guard rail against accidents and obvious escapes, not a security boundary: audit hooks
-can be bypassed by code that corrupts interpreter memory or by native extensions that call the
-OS directly. Run untrusted code inside a container or VM as well.
+The hook keeps its state in a closure and calls only functions captured when it was built, so
+monkeypatching ``os``, ``os.path``, ``builtins`` or this module does not change what it checks.
+
+This is the second layer under the bubblewrap sandbox, and the only one in ``sandbox="guard"``
+mode, where it is a guard rail, not a security boundary: native code reached through ``ctypes``
+function pointers or a C extension calling the OS directly is not seen by audit hooks (the escape
+tests in ``tests/test_sandbox_escapes.py`` name the ones that get through).
 
 This file imports only the standard library and must stay self-contained (no ``rllm`` imports).
 """
@@ -26,75 +35,139 @@ import sys
 import traceback
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-_PROCESS_EVENTS = {
+_PROCESS_EVENTS = frozenset({
     "subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty",
-    "os.kill", "os.killpg", "pty.spawn", "os.startfile",
-}
-_NETWORK_EVENTS = {"socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg"}
+    "os.kill", "os.killpg", "pty.spawn", "os.startfile", "signal.pthread_kill",
+})
+_NETWORK_EVENTS = frozenset({
+    "socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg", "socket.getaddrinfo",
+    "socket.gethostbyname", "socket.gethostbyaddr", "socket.getnameinfo",
+})
+_NATIVE_EVENTS = frozenset({
+    "ctypes.dlopen", "ctypes.dlsym", "ctypes.dlsym/handle", "ctypes.cdata", "ctypes.string_at", "ctypes.wstring_at",
+    "ctypes.call_function",
+})
+_INTROSPECTION_EVENTS = frozenset({
+    "gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys.settrace", "sys.setprofile",
+    "sys._settraceallthreads", "sys._setprofileallthreads", "resource.setrlimit", "resource.prlimit",
+})
+_BLOCKED_IMPORTS = frozenset({"_posixsubprocess"})
 _WRITE_PATH_EVENTS = {
     "os.mkdir": (0,), "os.rmdir": (0,), "os.remove": (0,), "os.rename": (0, 1), "os.link": (0, 1),
     "os.truncate": (0,), "os.chmod": (0,), "os.chown": (0,), "os.utime": (0,), "shutil.rmtree": (0,),
     "os.setxattr": (0,), "os.removexattr": (0,), "os.chflags": (0,), "os.lchflags": (0,), "os.lchmod": (0,),
+    "os.mkfifo": (0,), "os.mknod": (0,), "os.chdir": (0,),  # chdir only into the work dir
 }
-_READ_PATH_EVENTS = {"os.listdir": (0,), "os.scandir": (0,), "os.chdir": (0,), "os.listxattr": (0,),
-                     "os.getxattr": (0,)}
+_READ_PATH_EVENTS = {"os.listdir": (0,), "os.scandir": (0,), "os.listxattr": (0,), "os.getxattr": (0,)}
+_PROC_SELF_FILES = ("status", "stat", "statm", "limits", "cgroup")
+_MAX_SYMLINK_HOPS = 40
 
 
-class _Guard:
-    """The audit hook: knows the work dir, the read-only roots and whether the network is allowed."""
+def _make_hook(work_dir: str, read_roots: list[str], allow_network: bool):  # noqa: ANN202, C901
+    """The audit hook: a closure over immutable state and over functions captured now.
 
-    def __init__(self, work_dir: str, read_roots: list[str], allow_network: bool) -> None:
-        self.work_dir = os.path.realpath(work_dir)
-        self.read_roots = [os.path.realpath(p) for p in read_roots]
-        self.allow_network = allow_network
-        self.active = False
+    Nothing in it looks up a global or builtin name when it runs (``test_sandbox_guard`` checks
+    that), so code that replaces ``os.path.realpath``, ``builtins.isinstance`` or this module's
+    functions cannot change its decisions.
+    """
+    import pathlib
+    import stat as stat_module
 
-    @staticmethod
-    def _inside(path: str, root: str) -> bool:
-        return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+    lstat, readlink, getcwd, fsdecode = os.lstat, os.readlink, os.getcwd, os.fsdecode
+    is_link, is_instance, tuple_type, denied = stat_module.S_ISLNK, isinstance, tuple, PermissionError
+    plain_path_types = (str, bytes, pathlib.PurePosixPath, pathlib.PosixPath, os.DirEntry)
+    exact_type = type
+    write_flags = _WRITE_FLAGS
+    write_events, read_events = dict(_WRITE_PATH_EVENTS), dict(_READ_PATH_EVENTS)
+    process_events, network_events = _PROCESS_EVENTS, _NETWORK_EVENTS
+    native_events, introspection_events, blocked_imports = _NATIVE_EVENTS, _INTROSPECTION_EVENTS, _BLOCKED_IMPORTS
+    max_hops = _MAX_SYMLINK_HOPS
 
-    def _resolve(self, path: object) -> str | None:
-        if isinstance(path, int) or path is None:
-            return None  # an already-open descriptor: it came through a checked open
-        return os.path.realpath(os.path.join(os.getcwd(), os.fsdecode(path)))
+    def resolve(path: str) -> str:
+        """``os.path.realpath`` rebuilt from the captured ``lstat``/``readlink``; missing parts kept as written."""
+        if not path.startswith("/"):
+            path = getcwd() + "/" + path
+        pending = path.split("/")[::-1]
+        resolved, hops = "", 0
+        while pending:
+            part = pending.pop()
+            if part == "" or part == ".":
+                continue
+            if part == "..":
+                resolved = resolved[: resolved.rfind("/")] if resolved else ""
+                continue
+            candidate = resolved + "/" + part
+            try:
+                mode = lstat(candidate).st_mode
+            except OSError:
+                resolved = candidate
+                continue
+            if not is_link(mode):
+                resolved = candidate
+                continue
+            hops += 1
+            if hops > max_hops:
+                raise denied(f"python_exec: too many symbolic links in {path!r}")
+            target = readlink(candidate)
+            if target.startswith("/"):
+                resolved = ""
+            pending.extend(target.split("/")[::-1])
+        return resolved or "/"
 
-    def _check(self, path: object, write: bool, event: str) -> None:
-        resolved = self._resolve(path)
-        if resolved is None or self._inside(resolved, self.work_dir):
+    root = resolve(work_dir)
+    roots = tuple_type(resolve(r) for r in read_roots)
+
+    def inside(path: str, base: str) -> bool:
+        return path == base or path.startswith(base.rstrip("/") + "/")
+
+    def check(path: object, write: bool, event: str) -> None:
+        if path is None or is_instance(path, int):
+            return  # an already-open descriptor: it came through a checked open
+        if exact_type(path) not in plain_path_types:
+            # A custom os.PathLike could answer differently when the OS asks again after this check.
+            raise denied(f"python_exec accepts only str, bytes or pathlib paths ({event}), "
+                         f"not {exact_type(path).__name__}")
+        resolved = resolve(fsdecode(path))
+        if inside(resolved, root):
             return
-        if not write and any(self._inside(resolved, root) for root in self.read_roots):
-            return
+        if not write:
+            for base in roots:
+                if inside(resolved, base):
+                    return
         verb = "write to" if write else "read"
-        raise PermissionError(f"python_exec may not {verb} {os.fsdecode(path)!r} ({event}): "
-                              f"only the work directory {self.work_dir} is accessible")
+        raise denied(f"python_exec may not {verb} {fsdecode(path)!r} ({event}): "
+                     f"only the work directory {root} is accessible")
 
-    def __call__(self, event: str, args: tuple) -> None:
-        if not self.active:
-            return
+    def hook(event: str, args: tuple) -> None:
         if event == "open":
             path, mode, flags = args
-            write = bool((mode and any(c in mode for c in "wax+")) or (flags or 0) & _WRITE_FLAGS)
-            self._check(path, write, event)
-        elif event in _WRITE_PATH_EVENTS:
-            for index in _WRITE_PATH_EVENTS[event]:
-                self._check(args[index], True, event)
-        elif event in _READ_PATH_EVENTS:
-            for index in _READ_PATH_EVENTS[event]:
-                if event == "os.chdir":
-                    self._check(args[index], True, event)  # only into the work dir
-                else:
-                    self._check(args[index], False, event)
+            write = (mode is not None and ("w" in mode or "a" in mode or "x" in mode or "+" in mode)) or bool(
+                (flags or 0) & write_flags)
+            check(path, write, event)
+        elif event in write_events:
+            for index in write_events[event]:
+                check(args[index], True, event)
+        elif event in read_events:
+            for index in read_events[event]:
+                check(args[index], False, event)
         elif event == "os.symlink":
             target, link = args[0], args[1]
-            self._check(link, True, event)
-            link_dir = os.path.dirname(os.path.join(os.getcwd(), os.fsdecode(link)))
-            self._check(os.path.join(link_dir, os.fsdecode(target)), True, event)
-        elif event in _PROCESS_EVENTS:
-            raise PermissionError(f"python_exec may not start or signal processes ({event})")
-        elif event == "ctypes.dlopen" and args and args[0] is not None:
-            raise PermissionError("python_exec may not load native libraries with ctypes")
-        elif event in _NETWORK_EVENTS and not self.allow_network:
-            raise PermissionError(f"python_exec has no network access ({event}); use the http_request tool")
+            check(link, True, event)
+            link_path = resolve(fsdecode(link))
+            check(link_path[: link_path.rfind("/")] + "/" + fsdecode(target), True, event)
+        elif event in process_events:
+            raise denied(f"python_exec may not start or signal processes ({event})")
+        elif event == "import" and args[0] in blocked_imports:
+            raise denied(f"python_exec may not start or signal processes (import {args[0]})")
+        elif event in native_events:
+            raise denied(f"python_exec may not load native libraries or symbols, or touch raw memory, "
+                         f"with ctypes ({event})")
+        elif event in introspection_events:
+            raise denied(f"python_exec may not trace frames, walk the gc or change resource limits ({event})")
+        elif event in network_events and not allow_network:
+            raise denied(f"python_exec has no network access ({event}); use the http_request tool")
+
+    return hook
 
 
 def _set_limits(config: dict) -> None:
@@ -110,16 +183,42 @@ def _set_limits(config: dict) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
+def _preload() -> None:
+    """Import what the hook would otherwise refuse at import time, and take ``fork_exec`` away.
+
+    ``ctypes`` opens the interpreter itself (``pythonapi``) when imported, which the hook refuses
+    afterwards, so it is imported here; ``subprocess`` brings ``_posixsubprocess``, whose
+    ``fork_exec`` starts processes without an audit event, so that function is deleted.
+    """
+    try:
+        import ctypes  # noqa: F401
+    except ImportError:
+        pass
+    import subprocess
+
+    posix_subprocess = sys.modules.get("_posixsubprocess")
+    for module in (posix_subprocess, subprocess):
+        for name in ("fork_exec", "_fork_exec"):
+            if module is not None and hasattr(module, name):
+                delattr(module, name)
+
+
+def _read_roots(config: dict) -> list[str]:
+    proc_self = [f"/proc/{os.getpid()}/{name}" for name in _PROC_SELF_FILES]
+    return [root for root in config["read_roots"] if not root.startswith("/proc/self")] + proc_self
+
+
 def main() -> int:
     config = json.loads(sys.argv[1])
     source = sys.stdin.read()
     sys.stdin = open(os.devnull)  # the code gets an empty stdin
     os.chdir(config["work_dir"])
+    os.environ.pop("PWD", None)  # set by bwrap; the environment stays the minimal one python_exec gave
     _set_limits(config)
     code = compile(source, "<python_exec>", "exec")
-    guard = _Guard(config["work_dir"], config["read_roots"], bool(config.get("allow_network")))
-    sys.addaudithook(guard)
-    guard.active = True
+    _preload()
+    sys.addaudithook(_make_hook(config["work_dir"], _read_roots(config), bool(config.get("allow_network"))))
+    del config, source
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}
     try:
         exec(code, namespace)

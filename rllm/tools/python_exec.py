@@ -1,22 +1,28 @@
-"""A Python execution tool: run a snippet in a fresh subprocess inside the task's work dir.
+"""A Python execution tool: run a snippet in a fresh subprocess, sandboxed, inside the task's work dir.
 
 Each call starts ``python -I`` (isolated mode: no ``PYTHON*`` variables, no user site, the
 script's directory not on ``sys.path``) with a minimal environment (``PATH``, ``HOME`` and
 ``TMPDIR`` set to the work dir, one BLAS thread), in its own process group, with its working
-directory set to the work dir. What isolation this gives, and what it does not:
+directory set to the work dir. ``sandbox`` picks the isolation:
 
-* Time: a wall-clock limit (the whole process group is killed when it expires) and a CPU-time
-  rlimit.
-* Resources: address-space and written-file-size rlimits; output is capped.
-* Files: a ``sys.addaudithook`` guard (``_sandbox_guard.py``) refuses opening, creating, deleting,
-  renaming or linking paths that resolve outside the work dir (read-only access to the Python
-  installation is allowed so imports work), and listing or entering other directories.
-* Processes and network: starting or signalling processes and loading native libraries through
-  ``ctypes`` are refused; network connections are refused unless ``allow_network``.
-* Not provided: a security boundary. The guard is a guard rail that stops mistakes and obvious
-  escapes, but code that corrupts interpreter memory or a native extension calling the OS
-  directly can get around it, and the process runs as the same user. For untrusted code, run the
-  whole evaluation in a container or VM (or a sandbox such as nsjail or gVisor).
+* ``"bwrap"`` (default): the process runs inside a bubblewrap sandbox (``_bwrap.py``): new user,
+  PID, network, IPC and UTS namespaces, no capabilities, uid ``nobody``; the only files it can see
+  are ``/usr``, the Python installation and a few ``/etc`` files (all read-only), a fresh
+  ``/proc``, ``/dev`` and ``/tmp``, and the work dir, its only writable path. No network unless
+  ``allow_network``. When bwrap is missing or cannot create namespaces here, the call raises
+  ``SandboxUnavailableError`` naming what to install.
+* ``"auto"``: bwrap where it works, otherwise the guard alone, with a warning (an explicit opt-in
+  to running without an OS sandbox).
+* ``"guard"``: the audit-hook guard alone (``_sandbox_guard.py``), an explicit opt-in: a guard
+  rail against mistakes and obvious escapes, not a security boundary (native code reached
+  through ``ctypes`` function pointers, or C extensions, are not seen by audit hooks).
+
+In every mode the guard runs as a second layer (it refuses paths outside the work dir, starting
+processes, ``ctypes`` library and symbol loading, network use unless ``allow_network``, and the
+ways to reach and disable it), and the limits hold: a wall-clock limit (the whole process tree is
+killed when it expires), CPU-time, address-space and written-file-size rlimits, and capped output.
+Not covered: disk space (many files each under the size limit) and, when the sandbox runs as
+root without cgroups, the number of processes a guard bypass could start before the time limit.
 
 Calls do not share Python state; files written to the work dir persist between calls.
 """
@@ -25,30 +31,89 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
+import logging
 import os
 import signal
 import site
 import sys
 import sysconfig
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from strands import tool
 
+from rllm.tools._bwrap import INSTALL_HINT, bwrap_argv, bwrap_problem, find_bwrap
+
+logger = logging.getLogger(__name__)
+
+SandboxMode = Literal["bwrap", "auto", "guard"]
+SANDBOX_MODES: tuple[str, ...] = ("bwrap", "auto", "guard")
 _GUARD = Path(__file__).with_name("_sandbox_guard.py")
 _SYSTEM_READ_PATHS = ("/dev/null", "/dev/urandom", "/dev/random", "/dev/zero", "/etc/localtime",
                       "/etc/mime.types", "/etc/ssl", "/usr/share/zoneinfo", "/proc/self", "/proc/cpuinfo",
                       "/proc/meminfo", "/sys/devices/system/cpu")
 
 
-def _python_read_roots() -> list[str]:
-    """Directories the child may read: the interpreter's stdlib and site-packages."""
-    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+class SandboxUnavailableError(RuntimeError):
+    """``python_exec`` was asked for an OS sandbox that this machine cannot provide."""
+
+
+def _python_install_paths() -> list[str]:
+    """The interpreter's prefixes, stdlib and site-packages (and the real directory of the executable)."""
+    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+             os.path.dirname(os.path.realpath(sys.executable))}
     roots.update(p for p in sysconfig.get_paths().values() if p)
     with contextlib.suppress(AttributeError):
         roots.update(site.getsitepackages())
-    return sorted(r for r in roots if os.path.exists(r)) + [p for p in _SYSTEM_READ_PATHS if os.path.exists(p)]
+    return sorted(r for r in roots if os.path.exists(r))
+
+
+def _python_read_roots() -> list[str]:
+    """Paths the guard lets the child read: the Python installation and a few system files."""
+    return _python_install_paths() + [p for p in _SYSTEM_READ_PATHS if os.path.exists(p)]
+
+
+def sandbox_problem() -> str | None:
+    """Why no bwrap sandbox can be had here (``None`` when it works); probed once per process."""
+    return bwrap_problem(tuple(_python_install_paths()))
+
+
+def resolve_sandbox(mode: str = "bwrap") -> Literal["bwrap", "guard"]:
+    """The isolation a ``python_exec`` call with ``sandbox=mode`` gets on this machine.
+
+    Raises ``SandboxUnavailableError`` for ``"bwrap"`` when bwrap does not work here, and
+    ``ValueError`` for an unknown mode.
+    """
+    if mode not in SANDBOX_MODES:
+        raise ValueError(f"unknown sandbox mode {mode!r}; use one of {', '.join(SANDBOX_MODES)}")
+    if mode == "guard":
+        return "guard"
+    problem = sandbox_problem()
+    if problem is None:
+        return "bwrap"
+    if mode == "auto":
+        _warn_guard_only(problem)
+        return "guard"
+    raise SandboxUnavailableError(
+        f"python_exec needs an OS sandbox and none works here: {problem}. To fix it, {INSTALL_HINT}; "
+        "or opt in to the audit-hook guard alone (not a security boundary) with sandbox=\"guard\" "
+        "(the GAIA eval: --unsafe-python-exec)")
+
+
+@functools.lru_cache(maxsize=1)
+def _warn_guard_only(problem: str) -> None:
+    logger.warning("python_exec runs with the audit-hook guard only, not a security boundary (%s); %s",
+                   problem, INSTALL_HINT)
+
+
+def describe_isolation(mode: str = "bwrap") -> str:
+    """One line saying how ``python_exec`` code is isolated in ``mode`` here (raises like ``resolve_sandbox``)."""
+    if resolve_sandbox(mode) == "bwrap":
+        return (f"bubblewrap sandbox ({find_bwrap()}: user/PID/network namespaces, read-only system, "
+                "work dir the only writable path) + audit-hook guard")
+    return "audit-hook guard only (UNSAFE: not a security boundary; no OS sandbox)"
 
 
 def _minimal_env(work_dir: Path) -> dict[str, str]:
@@ -89,6 +154,10 @@ def _signal_name(number: int) -> str:
         return str(number)
 
 
+def _is_signal(number: int) -> bool:
+    return number in {int(s) for s in signal.Signals}
+
+
 def _show(name: str, data: bytes, total: int) -> str:
     text = data.decode("utf-8", errors="replace").rstrip("\n")
     if total > len(data):
@@ -105,8 +174,13 @@ async def run_python(
     file_size_bytes: int | None = 256 * 1024**2,
     max_output_bytes: int = 20_000,
     allow_network: bool = False,
+    sandbox: SandboxMode = "bwrap",
 ) -> str:
-    """Run ``code`` as described in the module docstring and report exit status and output."""
+    """Run ``code`` as described in the module docstring and report exit status and output.
+
+    Raises ``SandboxUnavailableError`` when ``sandbox="bwrap"`` and bwrap does not work here.
+    """
+    isolation = await asyncio.to_thread(resolve_sandbox, sandbox)
     work_dir = Path(os.path.realpath(work_dir))
     work_dir.mkdir(parents=True, exist_ok=True)
     config = {
@@ -117,8 +191,16 @@ async def run_python(
         "memory_bytes": memory_bytes,
         "file_size_bytes": file_size_bytes,
     }
+    command = [sys.executable, "-I", "-X", "utf8", str(_GUARD), json.dumps(config)]
+    if isolation == "bwrap":
+        bwrap = find_bwrap()
+        if bwrap is None:  # removed since the probe
+            raise SandboxUnavailableError(f"bwrap is no longer on PATH; {INSTALL_HINT}")
+        read_only = [*_python_install_paths(), str(_GUARD)]
+        command = bwrap_argv(bwrap, work_dir=str(work_dir), read_only=read_only,
+                             allow_network=allow_network) + command
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-I", "-X", "utf8", str(_GUARD), json.dumps(config),
+        *command,
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         cwd=str(work_dir), env=_minimal_env(work_dir), start_new_session=True,
     )
@@ -150,6 +232,8 @@ async def run_python(
         raise
     else:
         status = process.returncode
+        if status is not None and isolation == "bwrap" and status > 128 and _is_signal(status - 128):
+            status = 128 - status  # bwrap reports a child killed by signal N as exit 128 + N
         if status is not None and status < 0:
             parts = [f"Error: the process was killed by signal {_signal_name(-status)} "
                      "(CPU time, memory or file-size limit)."]
