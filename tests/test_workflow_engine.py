@@ -296,7 +296,7 @@ async def test_infrastructure_failure_is_retried_from_a_fresh_reset(serve) -> No
 
 async def test_persistent_outage_is_recorded_and_not_scored(serve) -> None:
     server = serve(lambda body: ScriptedReply(status=503, error="down"))
-    engine = make_engine(server, retry_limit=2)
+    engine = make_engine(server, retry_limit=2, max_infra_failure_share=None)  # circuit breaker off
     (episode,) = await engine.execute_tasks(TASKS[:1])
     assert episode.termination_reason is TerminationReason.ENGINE_ERROR
     assert episode.info["attempts"] == 3 and len(server.requests) == 3

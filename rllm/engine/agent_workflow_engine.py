@@ -16,12 +16,22 @@ Guarantees:
   A rerun with the same path loads the finished pairs and runs only the rest; Ctrl-C keeps every
   line already written.
 * **Order.** Results come back in task order, the rollouts of a task adjacent.
+* **Failures that stop the run.** An unexpected error (``ERROR``: a bug, a misconfiguration such
+  as a tool backend refusing its token) still gets its episode, written with its traceback; once
+  the same error (exception type and message, with numbers, addresses and quoted values
+  normalised) has ended ``max_same_errors`` rollouts the run stops with ``SystemicFailureError``.
+  A circuit breaker stops it with ``InfrastructureFailureRateError`` (naming the most common
+  cause) as soon as more than ``max_infra_failure_share`` of the batch's rollouts have ended as
+  infrastructure failures after their retries, i.e. as soon as the share is certain to be
+  exceeded, instead of scoring the rest. Either way the remaining rollouts are cancelled and
+  awaited, and every episode that finished stays in ``output_path``; a rerun resumes from there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import traceback
 from collections import Counter
 from dataclasses import dataclass, field
@@ -32,6 +42,7 @@ from pydantic import ValidationError
 from tqdm.auto import tqdm
 
 from rllm.engine.rollout.base import RolloutEngine
+from rllm.errors import InfrastructureFailureRateError, RLLMError, SystemicFailureError
 from rllm.integrations.strands import termination_reason_for
 from rllm.types import Episode, TerminationReason
 from rllm.workflows.base import Workflow
@@ -89,10 +100,18 @@ class _Job:
     rollout_index: int
     task_id: str
     task: dict[str, Any]
+    workflow: Workflow | None = None
+    abandoned: bool = False  # the instance did not stop after cancellation: never reuse it
 
     @property
     def uid(self) -> str:
         return f"{self.task_id}:{self.rollout_index}"
+
+
+def _rerun(episode: Episode) -> bool:
+    """Whether a resumed run does a recorded pair again: infrastructure failures and errors."""
+    reason = episode.termination_reason
+    return reason.is_infrastructure_failure or reason is TerminationReason.ERROR
 
 
 def _task_id(task: dict[str, Any], index: int) -> str:
@@ -102,6 +121,62 @@ def _task_id(task: dict[str, Any], index: int) -> str:
 
 def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
+
+
+_NORMALISE = (
+    (re.compile(r"0x[0-9a-fA-F]+"), "<addr>"),
+    (re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"), "<uuid>"),
+    (re.compile(r"'[^'\n]{0,80}'" + r'|"[^"\n]{0,80}"'), "'?'"),
+    (re.compile(r"\d+(?:\.\d+)?"), "#"),
+    (re.compile(r"\s+"), " "),
+)
+
+
+def error_signature(message: str) -> str:
+    """``"Type: message"`` with addresses, ids, quoted values and numbers blanked out.
+
+    Two rollouts ended by the same bug on different tasks (``KeyError: 'q-17'`` and
+    ``KeyError: 'q-42'``) get the same signature.
+    """
+    text = message.strip().splitlines()[0] if message.strip() else ""
+    for pattern, replacement in _NORMALISE:
+        text = pattern.sub(replacement, text)
+    return text[:300]
+
+
+@dataclass
+class _FailureMonitor:
+    """Decides, episode by episode, whether the run must stop (see the module docstring)."""
+
+    total: int
+    max_same_errors: int | None
+    max_infra_failure_share: float | None
+    errors: dict[str, list[Episode]] = field(default_factory=dict)
+    infra: dict[str, list[Episode]] = field(default_factory=dict)
+    example: Episode | None = None  # the first episode of the cause that stopped the run
+
+    def add(self, episode: Episode, *, resumed: bool = False) -> RLLMError | None:
+        """Count one finished episode; the error to stop with, if a limit is now crossed."""
+        reason = episode.termination_reason
+        cause = str(episode.info.get("error") or reason.value)
+        if reason.is_infrastructure_failure:
+            self.infra.setdefault(error_signature(cause), []).append(episode)
+            failures = sum(len(group) for group in self.infra.values())
+            limit = self.max_infra_failure_share
+            if limit is not None and failures > limit * self.total:
+                group = max(self.infra.values(), key=len)
+                self.example = group[0]
+                return InfrastructureFailureRateError(
+                    str(group[0].info.get("error") or group[0].termination_reason.value), cause_count=len(group),
+                    failures=failures, total=self.total, max_share=limit)
+        elif reason is TerminationReason.ERROR and not resumed:
+            group = self.errors.setdefault(error_signature(cause), [])
+            group.append(episode)
+            if self.max_same_errors is not None and len(group) >= self.max_same_errors:
+                self.example = group[0]
+                return SystemicFailureError(str(group[0].info.get("error") or cause), len(group),
+                                            [e.id for e in group])
+        return None
 
 
 class AgentWorkflowEngine:
@@ -117,9 +192,15 @@ class AgentWorkflowEngine:
         output_path: JSONL file episodes stream to and resume from; ``None``: keep in memory only.
         progress: Show a progress bar (done / total, running accuracy, failures).
         retry_backoff: Seconds before the first rerun, doubling after each.
-        cancel_grace: Seconds a timed-out run gets to unwind after cancellation; an instance that
-            has not stopped by then is dropped from the pool and replaced by a new one.
-        rerun_failed_on_resume: On resume, run again the pairs recorded as infrastructure failures.
+        cancel_grace: Seconds a timed-out or cancelled run gets to unwind after cancellation; an
+            instance that has not stopped by then is dropped from the pool and replaced by a new one.
+        rerun_failed_on_resume: On resume, run again the pairs recorded as infrastructure failures
+            or errors (the bug that stopped the previous run may be fixed).
+        max_same_errors: Stop with ``SystemicFailureError`` once the same unexpected error has
+            ended this many rollouts; ``None``: never stop for errors.
+        max_infra_failure_share: Stop with ``InfrastructureFailureRateError`` once more than this
+            share of the batch's rollouts have ended as infrastructure failures (after retries);
+            ``None``: never.
     """
 
     def __init__(
@@ -136,6 +217,8 @@ class AgentWorkflowEngine:
         retry_backoff: float = 1.0,
         cancel_grace: float = 5.0,
         rerun_failed_on_resume: bool = True,
+        max_same_errors: int | None = 3,
+        max_infra_failure_share: float | None = 0.5,
     ) -> None:
         if n_parallel_tasks < 1:
             raise ValueError(f"n_parallel_tasks must be at least 1, got {n_parallel_tasks}")
@@ -143,6 +226,10 @@ class AgentWorkflowEngine:
             raise ValueError(f"retry_limit must be at least 0, got {retry_limit}")
         if rollout_timeout is not None and rollout_timeout <= 0:
             raise ValueError(f"rollout_timeout must be positive, got {rollout_timeout}")
+        if max_same_errors is not None and max_same_errors < 1:
+            raise ValueError(f"max_same_errors must be at least 1 (or None), got {max_same_errors}")
+        if max_infra_failure_share is not None and not 0 <= max_infra_failure_share <= 1:
+            raise ValueError(f"max_infra_failure_share must be between 0 and 1 (or None), got {max_infra_failure_share}")
         self.workflow_cls = workflow_cls
         self.workflow_args = dict(workflow_args or {})
         self.rollout_engine = rollout_engine
@@ -154,6 +241,8 @@ class AgentWorkflowEngine:
         self.retry_backoff = retry_backoff
         self.cancel_grace = cancel_grace
         self.rerun_failed_on_resume = rerun_failed_on_resume
+        self.max_same_errors = max_same_errors
+        self.max_infra_failure_share = max_infra_failure_share
         self.stats = RolloutStats()
         self._idle: list[Workflow] = []
         self._n_instances = 0
@@ -191,8 +280,15 @@ class AgentWorkflowEngine:
                     continue
                 done[key] = episode
         if self.rerun_failed_on_resume:
-            done = {k: e for k, e in done.items() if not e.termination_reason.is_infrastructure_failure}
+            done = {k: e for k, e in done.items() if not _rerun(e)}
         return done
+
+    def _stopped(self, error: RLLMError, example: Episode | None, done: int, total: int) -> None:
+        """Say loudly why the run stops, with the traceback of the first rollout the cause ended."""
+        kept = f"; the {done} finished episodes are in {self.output_path}" if self.output_path else ""
+        logger.error("stopping the run after %d of %d rollouts%s: %s", done, total, kept, error)
+        if example is not None and example.info.get("traceback"):
+            logger.error("traceback of %s:\n%s", example.id, example.info["traceback"])
 
     def _open_output(self) -> IO[str] | None:
         if self.output_path is None:
@@ -238,18 +334,26 @@ class AgentWorkflowEngine:
         for instance in self._idle:
             pool.put_nowait(instance)
         self._idle.clear()
+        monitor = _FailureMonitor(len(jobs), self.max_same_errors, self.max_infra_failure_share)
+        for episode in results.values():
+            monitor.add(episode, resumed=True)
         out = self._open_output()
         bar = tqdm(total=len(jobs), initial=len(results), desc="rollouts", unit="ep", disable=not self.progress,
                    dynamic_ncols=True)
         self._update_bar(bar)
 
         async def run_job(job: _Job) -> None:
-            workflow = await self._acquire(pool)
+            job.workflow = await self._acquire(pool)
             try:
-                episode, workflow = await self._run_with_retries(workflow, job)
+                episode = await self._run_with_retries(job)
             finally:
-                if workflow is not None:
-                    pool.put_nowait(workflow)
+                if job.workflow is not None:
+                    if job.abandoned:
+                        logger.warning("%s: the workflow instance did not stop after cancellation; dropping it",
+                                       job.uid)
+                        self._n_instances -= 1
+                    else:
+                        pool.put_nowait(job.workflow)
             results[(job.task_id, job.rollout_index)] = episode
             if out is not None:
                 out.write(episode.model_dump_json() + "\n")
@@ -257,12 +361,28 @@ class AgentWorkflowEngine:
             self.stats.add(episode)
             bar.update(1)
             self._update_bar(bar)
+            stop = monitor.add(episode)
+            if stop is not None:
+                raise stop
 
+        running = [asyncio.ensure_future(run_job(job)) for job in pending]
         try:
-            await asyncio.gather(*(run_job(job) for job in pending))
-        except BaseException:
-            logger.warning("interrupted: %d of %d rollouts finished%s", len(results), len(jobs),
-                           f" and kept in {self.output_path}" if self.output_path else "")
+            if running:
+                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_EXCEPTION)
+                failed = next((t for t in running if t in done and not t.cancelled() and t.exception()), None)
+                if failed is not None:
+                    raise failed.exception()  # type: ignore[misc]
+        except BaseException as error:
+            # Cancel what is still running and wait for it to unwind, so no instance is left mid-run
+            # and every episode that finished is already written.
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+            if isinstance(error, RLLMError):
+                self._stopped(error, monitor.example, len(results), len(jobs))
+            else:
+                logger.warning("interrupted: %d of %d rollouts finished%s", len(results), len(jobs),
+                               f" and kept in {self.output_path}" if self.output_path else "")
             raise
         finally:
             bar.close()
@@ -276,23 +396,28 @@ class AgentWorkflowEngine:
         stats = self.stats
         bar.set_postfix(acc=f"{stats.accuracy:.3f}", failed=stats.failures, refresh=False)
 
-    async def _run_with_retries(self, workflow: Workflow, job: _Job) -> tuple[Episode, Workflow | None]:
-        """One episode for ``job``: infrastructure failures rerun up to ``retry_limit`` times."""
+    async def _run_with_retries(self, job: _Job) -> Episode:
+        """One episode for ``job`` on ``job.workflow``: infrastructure failures rerun up to ``retry_limit`` times.
+
+        An instance that does not stop after a timeout is replaced; ``job.workflow`` is then the
+        replacement, or ``None`` if none could be built.
+        """
         attempt = 0
         while True:
             attempt += 1
-            episode, healthy = await self._attempt(workflow, job)
+            assert job.workflow is not None
+            episode, healthy = await self._attempt(job.workflow, job)
             if not healthy:
                 logger.warning("%s: the workflow instance did not stop after cancellation; replacing it", job.uid)
                 self._n_instances -= 1
-                workflow = None
+                job.workflow = None
                 try:
-                    workflow = self._new_instance()
+                    job.workflow = self._new_instance()
                     self._n_instances += 1
                 except Exception as error:  # noqa: BLE001 - the episode is already recorded
                     logger.error("could not build a replacement workflow instance: %s", _describe(error))
             reason = episode.termination_reason
-            if not reason.is_infrastructure_failure or attempt > self.retry_limit or workflow is None:
+            if not reason.is_infrastructure_failure or attempt > self.retry_limit or job.workflow is None:
                 break
             delay = self.retry_backoff * 2 ** (attempt - 1)
             logger.warning("%s: %s (%s); retry %d of %d in %.1fs", job.uid, reason.value,
@@ -302,7 +427,7 @@ class AgentWorkflowEngine:
         if episode.task is None:
             episode.task = job.task
         episode.info.update(task_id=job.task_id, rollout_index=job.rollout_index, attempts=attempt)
-        return episode, workflow
+        return episode
 
     async def _attempt(self, workflow: Workflow, job: _Job) -> tuple[Episode, bool]:
         """Run once from a fresh reset; returns the episode and whether the instance may be reused."""
@@ -315,6 +440,8 @@ class AgentWorkflowEngine:
             done, _ = await asyncio.wait({run}, timeout=self.rollout_timeout)
         except asyncio.CancelledError:
             run.cancel()
+            stopped, _ = await asyncio.wait({run}, timeout=self.cancel_grace)
+            job.abandoned = not stopped
             raise
         if run in done:
             if run.cancelled():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import logging
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -104,7 +105,12 @@ class StrandsWorkflow(Workflow):
         self.agent.reset()
 
     async def run(self, task: dict[str, Any], uid: str) -> Episode:
-        """Run the agent on ``task``; an agent error ends the episode with its typed reason, unscored."""
+        """Run the agent on ``task``; an agent error ends the episode with its typed reason, unscored.
+
+        An unexpected error (``ERROR``: a bug, or a tool raising a ``ConfigurationError``) keeps
+        its traceback in ``info``; a tool backend failure ends the episode as
+        ``TOOL_BACKEND_ERROR``, unscored, with the failure in ``info["error"]``.
+        """
         prompt = self.task_to_prompt(task)
         started = time.perf_counter()
         try:
@@ -113,11 +119,17 @@ class StrandsWorkflow(Workflow):
             reason = termination_reason_for(error)
             logger.debug("episode %s ended by %s: %s", uid, reason.value, error)
             episode = self.failed_episode(task, uid, reason, f"{type(error).__name__}: {error}")
+            if reason is TerminationReason.ERROR:
+                episode.info["traceback"] = "".join(traceback.format_exception(error))[-4000:]
             episode.metrics["latency_s"] = time.perf_counter() - started
             return episode
         latency = time.perf_counter() - started
         trajectory = self.agent.trajectory
         reason = self.agent.termination_reason or TerminationReason.ERROR
+        if reason.is_infrastructure_failure:
+            episode = self.failed_episode(task, uid, reason, self.agent.tool_failures.description or reason.value)
+            episode.metrics["latency_s"] = latency
+            return episode
         answer = final_answer_text(trajectory)
         info: dict[str, Any] = {"final_answer": answer}
         reward = RewardOutput(reward=0.0, is_correct=False, metadata={"reason": "no reward function"})

@@ -1,7 +1,7 @@
 """Strands Agents integration: run an unchanged Strands agent loop and record exact training data."""
 
 from rllm.integrations.strands.agent import StrandsAgent, termination_reason_for
-from rllm.integrations.strands.hooks import Budget, BudgetHook, ToolCallValidator
+from rllm.integrations.strands.hooks import Budget, BudgetHook, ToolCallValidator, ToolFailureHook
 from rllm.integrations.strands.model import RLLMModel
 from rllm.integrations.strands.openai_model import NonStreamingOpenAIModel
 from rllm.integrations.strands.recording import ModelCall
@@ -14,5 +14,6 @@ __all__ = [
     "RLLMModel",
     "StrandsAgent",
     "ToolCallValidator",
+    "ToolFailureHook",
     "termination_reason_for",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 from strands import Agent
@@ -18,9 +19,9 @@ from strands.types.exceptions import (
     ModelThrottledException,
 )
 
-from rllm.engine.rollout.base import EngineError, EngineRequestError
+from rllm.errors import ContextLengthExceededError, InfrastructureError, ToolBackendError
 from rllm.integrations.strands._format import format_messages, format_tools
-from rllm.integrations.strands.hooks import Budget, BudgetHook, ToolCallValidator
+from rllm.integrations.strands.hooks import Budget, BudgetHook, ToolCallValidator, ToolFailureHook
 from rllm.integrations.strands.recording import ModelCall, take_model_call
 from rllm.types import ModelOutput, Step, TerminationReason, ToolCall, Trajectory
 
@@ -38,8 +39,11 @@ _STOP_REASONS = {
 def termination_reason_for(error: BaseException) -> TerminationReason:
     """Classify an exception that ended an agent run.
 
-    Engine outages and timeouts are infrastructure failures (masked in training); a context
-    overflow or a truncated answer is the policy's own doing.
+    Typed infrastructure failures (``rllm.errors.InfrastructureError``: the engine unreachable,
+    throttled or aborting, a tool backend down) and timeouts are infrastructure (masked in
+    training); a context overflow or a truncated answer is the policy's own doing. Anything else
+    (a ``TypeError``, a template error, a ``ConfigurationError``) is ``ERROR``: a bug or a
+    misconfiguration, which must never be masked.
     """
     if isinstance(error, ContextWindowOverflowException):
         return TerminationReason.CONTEXT_OVERFLOW
@@ -48,10 +52,14 @@ def termination_reason_for(error: BaseException) -> TerminationReason:
     if isinstance(error, (asyncio.TimeoutError, TimeoutError)):
         return TerminationReason.TIMEOUT
     cause: BaseException | None = error
-    while cause is not None:
-        if isinstance(cause, EngineRequestError):
-            return TerminationReason.ERROR
-        if isinstance(cause, (EngineError, ModelThrottledException)):
+    seen: set[int] = set()
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, ContextLengthExceededError):
+            return TerminationReason.CONTEXT_OVERFLOW
+        if isinstance(cause, ToolBackendError):
+            return TerminationReason.TOOL_BACKEND_ERROR
+        if isinstance(cause, (InfrastructureError, ModelThrottledException)):
             return TerminationReason.ENGINE_ERROR
         cause = cause.__cause__
     return TerminationReason.ERROR
@@ -155,7 +163,13 @@ class StrandsAgent(Agent):
         name: Name of the recorded trajectory.
         budget: Per-episode limits on model turns, tool rounds and tool calls.
         validate_tool_calls: Refuse unknown tools, non-JSON arguments and missing arguments.
+        infra_exceptions: Exception classes that, raised by a tool, mean its backend failed, in
+            addition to ``rllm.errors.InfrastructureError`` (see ``ToolFailureHook``).
         **kwargs: Passed to ``Agent``.
+
+    A tool raising an ``InfrastructureError`` ends the run after that tool round with
+    ``termination_reason`` ``TOOL_BACKEND_ERROR``; a tool raising a ``ConfigurationError`` ends it
+    likewise and the run then raises that error, so it is never scored as the policy's mistake.
     """
 
     def __init__(
@@ -167,6 +181,7 @@ class StrandsAgent(Agent):
         name: str = "agent",
         budget: Budget | None = None,
         validate_tool_calls: bool = True,
+        infra_exceptions: tuple[type[BaseException], ...] = (),
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("callback_handler", None)
@@ -174,7 +189,8 @@ class StrandsAgent(Agent):
         kwargs.setdefault("retry_strategy", None)
         self._recorder = _StepRecorder(Trajectory(name=name))
         self._budget_hook = BudgetHook(budget or Budget())
-        own_hooks: list[Any] = [self._budget_hook, self._recorder]
+        self._tool_failures = ToolFailureHook(tuple(infra_exceptions))
+        own_hooks: list[Any] = [self._budget_hook, self._recorder, self._tool_failures]
         if validate_tool_calls:
             own_hooks.append(ToolCallValidator(self._recorder.find_tool_call, self._recorder.record_tool_error))
         super().__init__(
@@ -199,8 +215,17 @@ class StrandsAgent(Agent):
         return self._budget_hook
 
     @property
+    def tool_failures(self) -> ToolFailureHook:
+        """The hook typing tool exceptions, with the episode's tool failure if there was one."""
+        return self._tool_failures
+
+    @property
     def termination_reason(self) -> TerminationReason | None:
         """Why the last run stopped, or ``None`` before any model call."""
+        if self._tool_failures.reason is not None:
+            return self._tool_failures.reason
+        if self._tool_failures.fatal is not None:
+            return TerminationReason.ERROR
         if self._budget_hook.exhausted is not None:
             return self._budget_hook.exhausted
         if self._recorder.last_error is not None:
@@ -209,10 +234,20 @@ class StrandsAgent(Agent):
             return None
         return _STOP_REASONS.get(self.trajectory.steps[-1].stop_reason or "", TerminationReason.ERROR)
 
+    async def stream_async(self, prompt: Any = None, **kwargs: Any) -> AsyncIterator[Any]:
+        """``Agent.stream_async`` (which ``invoke_async`` and ``__call__`` run), then raise the
+        ``ConfigurationError`` a tool raised, once its tool round is recorded."""
+        async for event in super().stream_async(prompt, **kwargs):
+            yield event
+        fatal = self._tool_failures.fatal
+        if fatal is not None:
+            raise fatal
+
     def reset(self) -> None:
         """Clear messages, trajectory, counters, state and model state for a new task."""
         self.load_snapshot(self._initial_snapshot)
         self.event_loop_metrics = EventLoopMetrics()
         self._budget_hook.reset()
+        self._tool_failures.reset()
         self._recorder.trajectory = Trajectory(name=self._recorder.trajectory.name)
         self._recorder.last_error = None

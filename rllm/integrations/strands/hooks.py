@@ -1,4 +1,4 @@
-"""Strands hooks for rollouts: an episode budget and strict tool-call validation."""
+"""Strands hooks for rollouts: an episode budget, strict tool-call validation and tool-failure typing."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from strands.hooks import (
+    AfterToolCallEvent,
     AfterToolsEvent,
     BeforeModelCallEvent,
     BeforeToolCallEvent,
@@ -15,6 +16,7 @@ from strands.hooks import (
     HookRegistry,
 )
 
+from rllm.errors import ConfigurationError, InfrastructureError
 from rllm.types import TerminationReason, ToolCall
 
 logger = logging.getLogger(__name__)
@@ -146,3 +148,73 @@ class ToolCallValidator(HookProvider):
         if missing:
             return f"Error: tool '{name}' is missing required argument(s): {', '.join(missing)}."
         return None
+
+
+class ToolFailureHook(HookProvider):
+    """Types what a tool's exception means for the episode, from the exception itself.
+
+    Strands turns an exception raised inside a tool into an error tool result (the model reads
+    ``Error: <Type> - <message>``) and hands the exception object to ``AfterToolCallEvent``. This
+    hook reads that object, never the text:
+
+    * an ``InfrastructureError`` (e.g. ``ToolBackendError``) or one of ``infra_exceptions``: the
+      tool's backend failed. The turn ends after the current tool round and ``reason`` is
+      ``TOOL_BACKEND_ERROR``, an infrastructure failure (retried, masked, never scored).
+    * a ``ConfigurationError`` (e.g. a backend rejecting its token): the turn ends after the
+      round and ``fatal`` holds the error, which ``StrandsAgent`` raises at the end of the run.
+    * anything else: the policy's doing (a bad argument); the model reads the error and goes on.
+
+    The first failure wins; ``reset()`` clears it for a new episode.
+
+    Args:
+        infra_exceptions: Further exception classes that, raised by a tool, mean its backend
+            failed (for tools you do not own that raise, say, ``httpx.TransportError``).
+    """
+
+    def __init__(self, infra_exceptions: tuple[type[BaseException], ...] = ()) -> None:
+        self.infra_exceptions = (InfrastructureError, *infra_exceptions)
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the failure of the previous episode."""
+        self.error: BaseException | None = None
+        self.tool_name: str | None = None
+
+    @property
+    def reason(self) -> TerminationReason | None:
+        """``TOOL_BACKEND_ERROR`` after a backend failure, else ``None``."""
+        if self.error is not None and isinstance(self.error, self.infra_exceptions):
+            return TerminationReason.TOOL_BACKEND_ERROR
+        return None
+
+    @property
+    def fatal(self) -> ConfigurationError | None:
+        """The configuration error a tool raised, which must stop the run."""
+        return self.error if isinstance(self.error, ConfigurationError) else None
+
+    @property
+    def description(self) -> str:
+        """``"tool 'name' failed: Type: message"``, or "" when no tool failed."""
+        if self.error is None:
+            return ""
+        return f"tool '{self.tool_name}' failed: {type(self.error).__name__}: {self.error}"
+
+    def register_hooks(self, registry: HookRegistry, **kwargs: Any) -> None:
+        """Watch every tool call and every tool round."""
+        registry.add_callback(AfterToolCallEvent, self._after_tool_call)
+        registry.add_callback(AfterToolsEvent, self._after_tools)
+
+    def _after_tool_call(self, event: AfterToolCallEvent) -> None:
+        error = event.exception
+        if self.error is not None or error is None:
+            return
+        if isinstance(error, (*self.infra_exceptions, ConfigurationError)):
+            self.error = error
+            self.tool_name = event.tool_use["name"]
+            log = logger.error if isinstance(error, ConfigurationError) else logger.warning
+            log("%s", self.description)
+
+    def _after_tools(self, event: AfterToolsEvent) -> None:
+        if self.error is not None:
+            # The episode is lost either way: spend no further generation on it.
+            event.end_turn = f"Stopped: {self.description}"
