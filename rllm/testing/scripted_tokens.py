@@ -5,6 +5,11 @@ real tokenizer and closed with the end-of-turn token, and each token gets a dete
 logprob. ``ScriptedTokenEngine`` does this in process; ``ScriptedTokenServer`` serves the same
 script as SGLang's ``POST /generate`` and vLLM's ``POST /v1/completions`` on 127.0.0.1, recording
 every request, so the HTTP engines are tested end to end.
+
+``MessageScriptedEngine`` scripts at the level of messages instead: its script answers with an
+OpenAI assistant message (reasoning, content, tool calls), and the engine samples exactly the text
+the model's own chat template writes for that message, so one script speaks every family's
+format (Hermes JSON calls, Qwen3-Coder XML calls, think blocks or none).
 """
 
 from __future__ import annotations
@@ -17,8 +22,10 @@ from fastapi import FastAPI, Request
 
 from rllm.engine.rollout.token_engine import TokenEngine, TokenOutput, TokenSession
 from rllm.testing.scripted_server import ScriptedOpenAIServer
+from rllm.tokens.renderer import ChatRenderer
 
 TokenScript = Callable[[str], str]
+MessageScript = Callable[[list[dict[str, Any]]], "dict[str, Any] | str"]
 
 
 def scripted_completion(tokenizer: Any, end_of_turn_id: int, script: TokenScript, prompt_ids: list[int],
@@ -44,6 +51,47 @@ class ScriptedTokenEngine(TokenEngine):
         self.prompts.append(list(prompt_ids))
         return scripted_completion(self.tokenizer, self.renderer.probe.end_of_turn_id, self.script, prompt_ids,
                                    max_new_tokens)
+
+
+def template_assistant_text(renderer: ChatRenderer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                            assistant: dict[str, Any]) -> str:
+    """What the chat template writes for ``assistant`` after ``messages``' generation prompt, up to
+    and including its end-of-turn token: the text a model trained on the template samples."""
+    prompt = renderer.render_text(messages, tools, True)
+    closed = renderer.render_text([*messages, {"role": "assistant", **assistant}], tools, False)
+    if not closed.startswith(prompt):
+        raise ValueError("the template renders this assistant message so that it does not follow its own "
+                         "generation prompt (e.g. reasoning with thinking disabled)")
+    text = closed[len(prompt) :]
+    end = renderer.probe.end_of_turn_text
+    return text[: text.index(end) + len(end)]
+
+
+class MessageScriptedEngine(TokenEngine):
+    """A token engine whose policy answers with assistant messages, sampled in the template's own format.
+
+    ``script(messages)`` gets the conversation as sent (OpenAI format) and returns either an
+    assistant message (``{"content", "reasoning_content", "tool_calls"}``, arguments as JSON
+    strings) or raw text for turns no template would write (a malformed call, say), which is
+    sampled as written and closed with the end-of-turn token.
+    """
+
+    def __init__(self, tokenizer: Any, script: MessageScript, **kwargs: Any) -> None:
+        super().__init__(tokenizer, **kwargs)
+        self.script = script
+        self.prompts: list[list[int]] = []
+
+    async def _generate(self, prompt_ids: list[int], max_new_tokens: int, sampling: dict[str, Any],
+                        session: TokenSession) -> TokenOutput:
+        self.prompts.append(list(prompt_ids))
+        answer = self.script(session.messages)
+        if isinstance(answer, str):
+            text = answer + self.renderer.probe.end_of_turn_text
+        else:
+            text = template_assistant_text(self.renderer, session.messages, session.tools, answer)
+        ids = self.renderer.encode(text)[:max_new_tokens]
+        finish = "stop" if len(ids) == len(self.renderer.encode(text)) else "length"
+        return TokenOutput(token_ids=ids, logprobs=[-0.01 * (1 + i % 7) for i in range(len(ids))], finish_reason=finish)
 
 
 class ScriptedTokenServer(ScriptedOpenAIServer):

@@ -12,11 +12,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rllm.errors import TokenTraceError
+
 SegmentKind = Literal["prompt", "sampled", "context"]
 
-
-class TokenTraceError(ValueError):
-    """An append would break the trace's invariants."""
+__all__ = ["Segment", "SegmentKind", "TokenTrace", "TokenTraceError"]
 
 
 class Segment(BaseModel):

@@ -17,16 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rllm.engine.rollout.base import ContextLengthExceededError, select_sampling_params
+from rllm.errors import HistoryNotAppendOnlyError
 from rllm.parser import CallIdFactory, get_tool_parser
 from rllm.tokens.renderer import ChatRenderer
 from rllm.tokens.trace import TokenTrace
 from rllm.types import ModelOutput
 
 logger = logging.getLogger(__name__)
-
-
-class HistoryNotAppendOnlyError(RuntimeError):
-    """The conversation changed other than by appending (trimmed, rewritten): the trace would lie."""
 
 
 @dataclass
@@ -40,7 +37,7 @@ class TokenOutput:
 
 @dataclass
 class TokenSession:
-    """One rollout's token state: the trace, the messages it covers, its tool-call ids.
+    """One rollout's token state: the trace, the messages and tools it covers, its tool-call ids.
 
     Copying returns the same object: Strands deep-copies per-agent model state around every call,
     and the session must stay one object for the whole rollout.
@@ -48,6 +45,7 @@ class TokenSession:
 
     trace: TokenTrace = field(default_factory=TokenTrace)
     messages: list[dict[str, Any]] = field(default_factory=list)
+    tools: list[dict[str, Any]] | None = None
     call_ids: CallIdFactory = field(default_factory=CallIdFactory)
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
@@ -155,8 +153,10 @@ class TokenEngine(abc.ABC):
                 )
             new_messages = messages[len(previous) + 1 :]
             ends_turn = bool(trace.token_ids) and trace.token_ids[-1] == self.renderer.probe.end_of_turn_id
-            trace.add_context(self.renderer.delta_ids(new_messages, tools, after_end_of_turn=ends_turn))
+            trace.add_context(self.renderer.delta_ids(messages[len(previous)], new_messages, tools,
+                                                      after_end_of_turn=ends_turn))
         session.messages = copy.deepcopy(messages)
+        session.tools = tools
         if self.audit:
             self._audit(trace, messages, tools)
 
