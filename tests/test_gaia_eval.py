@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from rllm.testing.scripted_server import ScriptedReply
+from rllm.tools.python_exec import sandbox_problem
 from rllm.types import Episode, TerminationReason
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,6 +27,9 @@ SCRIPT = ROOT / "examples" / "strands" / "eval_gaia.py"
 FIXTURE = ROOT / "tests" / "fixtures" / "gaia"
 CSV_TASK = "3f1c2a9e-0b7d-4c55-9a1e-6d2f8b1c0a11"
 ATHENS_TASK = "9b8a7c6d-5e4f-4a3b-9c2d-1e0f9a8b7c03"
+# The eval refuses to start without an OS sandbox; where bwrap cannot run, these tests opt out of it.
+SANDBOX_FLAGS = [] if sandbox_problem() is None else ["--unsafe-python-exec"]
+ISOLATION = "bubblewrap sandbox" if not SANDBOX_FLAGS else "audit-hook guard only"
 
 
 @pytest.fixture(scope="module")
@@ -48,11 +52,14 @@ def _episodes(out: Path) -> list[Episode]:
 
 def test_scripted_eval_writes_report_summary_and_chart(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    command = [sys.executable, str(SCRIPT), "--scripted", "--out", str(out), "--n-parallel", "3", "--no-progress"]
+    command = [sys.executable, str(SCRIPT), "--scripted", "--out", str(out), "--n-parallel", "3", "--no-progress",
+               *SANDBOX_FLAGS]
     run = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=tmp_path)
     assert run.returncode == 0, run.stderr
 
+    assert f"python_exec isolation: {ISOLATION}" in run.stdout
     report = json.loads((out / "report.json").read_text())
+    assert report["python_isolation"].startswith(ISOLATION)
     assert _levels(report) == {"1": (3, 2, 0, 2 / 3), "2": (2, 2, 0, 1.0), "3": (3, 1, 0, 1 / 3),
                                "overall": (8, 5, 0, 5 / 8)}
     answers = {row["task_id"]: (row["model_answer"], row["correct"]) for row in report["tasks"]}
@@ -109,7 +116,7 @@ def test_infrastructure_failures_are_reported_apart_not_as_wrong(
     out = tmp_path / "run"
     status = eval_gaia.main(["--base-url", server.base_url, "--model", "scripted", "--data-dir", str(FIXTURE),
                              "--out", str(out), "--max-retries", "0", "--retry-limit", "1", "--no-progress",
-                             "--no-http", "--n-parallel", "4"])
+                             "--no-http", "--n-parallel", "4", *SANDBOX_FLAGS])
     assert status == 0
     report = json.loads((out / "report.json").read_text())
     # Level 3: the failed task is neither scored nor wrong; accuracy is 1 of the 2 scored tasks.
@@ -131,7 +138,7 @@ def test_infrastructure_failures_are_reported_apart_not_as_wrong(
 
 def test_hidden_test_answers_are_unscored(tmp_path: Path, eval_gaia: ModuleType) -> None:
     out = tmp_path / "run"
-    assert eval_gaia.main(["--scripted", "--split", "test", "--out", str(out), "--no-progress"]) == 0
+    assert eval_gaia.main(["--scripted", "--split", "test", "--out", str(out), "--no-progress", *SANDBOX_FLAGS]) == 0
     report = json.loads((out / "report.json").read_text())
     assert report["overall"] == {"tasks": 1, "scored": 0, "correct": 0, "infrastructure_failures": 0,
                                  "unscored": 1, "accuracy": None}
@@ -149,9 +156,30 @@ def test_bad_inputs_fail_with_a_message(
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     status = eval_gaia.main(["--base-url", f"http://127.0.0.1:{port}/v1", "--model", "m", "--data-dir", str(FIXTURE),
-                             "--out", str(tmp_path / "o")])
+                             "--out", str(tmp_path / "o"), *SANDBOX_FLAGS])
     assert status == 2
     assert f"error: cannot reach http://127.0.0.1:{port}/v1" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         eval_gaia.main(["--model", "m", "--data-dir", str(FIXTURE)])
     assert "pass --base-url URL and --model NAME" in capsys.readouterr().err
+
+
+def test_eval_refuses_to_start_without_a_sandbox_unless_told(
+    tmp_path: Path, eval_gaia: ModuleType, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "bwrap").write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
+    (fake / "bwrap").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:/usr/bin:/bin")
+    out = tmp_path / "run"
+    assert eval_gaia.main(["--scripted", "--split", "test", "--out", str(out), "--no-progress"]) == 2
+    printed = capsys.readouterr().out
+    assert "python_exec needs an OS sandbox" in printed and "No permissions to create new namespace" in printed
+    assert "apt-get install bubblewrap" in printed and "--unsafe-python-exec" in printed
+    assert not out.exists()  # nothing ran
+
+    assert eval_gaia.main(["--scripted", "--split", "test", "--out", str(out), "--no-progress",
+                           "--unsafe-python-exec"]) == 0
+    assert "python_exec isolation: audit-hook guard only (UNSAFE" in capsys.readouterr().out
+    assert json.loads((out / "report.json").read_text())["python_isolation"].startswith("audit-hook guard only")

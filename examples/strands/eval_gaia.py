@@ -1,8 +1,10 @@
 """Evaluate a tool-using Strands agent on GAIA through ``AgentWorkflowEngine``.
 
 Each task runs in its own work directory holding a copy of its attachment, whose path is in the
-prompt; the agent has a calculator, an HTTP tool, a file reader and a Python runner confined to
-that directory. Answers are scored with GAIA's official rules (``rllm.rewards.gaia_reward``).
+prompt; the agent has a calculator, an HTTP tool (public addresses only), a file reader and a
+Python runner confined to that directory. The Python runner works inside a bubblewrap sandbox;
+where none can be had the run stops before it starts, unless ``--unsafe-python-exec`` accepts the
+audit-hook guard alone (not a security boundary). The isolation in use is printed and recorded. Answers are scored with GAIA's official rules (``rllm.rewards.gaia_reward``).
 Written to ``--out``: ``episodes.jsonl`` (one episode per task, streamed; a rerun resumes),
 ``report.json``, ``summary.txt`` (the table printed at the end), ``accuracy.png`` (accuracy per
 level) and ``submission.jsonl`` (GAIA leaderboard format). Infrastructure failures (engine
@@ -39,7 +41,7 @@ from rllm.engine.rollout import OpenAIEngine, RolloutEngine
 from rllm.integrations.strands import Budget, StrandsAgent
 from rllm.rewards.gaia_reward import RewardGaiaFn, gaia_ground_truth
 from rllm.testing.scripted_server import ScriptedOpenAIServer, ScriptedReply, ScriptedToolCall
-from rllm.tools import gaia_tools
+from rllm.tools import SandboxUnavailableError, describe_isolation, gaia_tools
 from rllm.types import Episode
 from rllm.workflows import StrandsWorkflow
 
@@ -331,7 +333,8 @@ async def evaluate(args: argparse.Namespace, tasks: list[dict[str, Any]]) -> lis
     workflow_args = {
         "work_root": args.out / "work",
         "budget": Budget(max_model_turns=args.max_turns, max_tool_calls=args.max_tool_calls),
-        "tool_options": {"python_timeout": args.python_timeout, "include_http": not args.no_http},
+        "tool_options": {"python_timeout": args.python_timeout, "include_http": not args.no_http,
+                         "python_sandbox": args.python_sandbox},
     }
     engine = AgentWorkflowEngine(GaiaWorkflow, workflow_args, rollout, n_parallel_tasks=args.n_parallel,
                                  retry_limit=args.retry_limit, rollout_timeout=args.rollout_timeout,
@@ -367,8 +370,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-retries", type=int, default=5, help="retries of one model request (429, 5xx, network)")
     parser.add_argument("--retry-limit", type=int, default=2, help="reruns of a task after an infrastructure failure")
     parser.add_argument("--no-http", action="store_true", help="leave out the http_request tool")
+    parser.add_argument("--unsafe-python-exec", action="store_true",
+                        help="where no bubblewrap sandbox works, run python_exec with the audit-hook guard alone "
+                             "(not a security boundary) instead of refusing to start")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
+    args.python_sandbox = "auto" if args.unsafe_python_exec else "bwrap"
     if args.scripted:
         if args.base_url:
             parser.error("--scripted runs its own model; leave out --base-url")
@@ -401,6 +408,12 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[red]error:[/red] no GAIA tasks in {args.data_dir} for split {args.split!r} "
                       f"and levels {args.level or 'all'}", highlight=False)
         return 2
+    try:
+        isolation = describe_isolation(args.python_sandbox)
+    except SandboxUnavailableError as error:
+        console.print(f"[red]error:[/red] {error}", highlight=False)
+        return 2
+    console.print(f"python_exec isolation: {isolation}", highlight=False)
     args.out.mkdir(parents=True, exist_ok=True)
 
     server = None
@@ -426,7 +439,8 @@ def main(argv: list[str] | None = None) -> int:
             server.stop()
     meta = {"model": args.model, "base_url": None if args.scripted else args.base_url, "scripted": args.scripted,
             "split": args.split, "data_dir": str(args.data_dir), "levels_selected": args.level or list(GAIA_LEVELS),
-            "limit": args.limit, "wall_time_s": round(time.perf_counter() - started, 2)}
+            "limit": args.limit, "python_isolation": isolation,
+            "wall_time_s": round(time.perf_counter() - started, 2)}
     report = build_report(episodes, tasks, meta)
     table = write_outputs(report, episodes, args.out)
     console.print(table)

@@ -249,7 +249,12 @@ async def run_python(
 
 
 def make_python_exec_tool(work_dir: Path, *, timeout: float = 30.0, **limits: Any) -> Any:
-    """A ``python_exec`` Strands tool bound to ``work_dir``; ``limits`` go to ``run_python``."""
+    """A ``python_exec`` Strands tool bound to ``work_dir``; ``limits`` (``sandbox`` too) go to ``run_python``.
+
+    The sandbox is resolved at each call, so where bwrap cannot run the agent gets the
+    ``SandboxUnavailableError`` as the tool's error result; check with ``resolve_sandbox`` first
+    to fail before a run instead.
+    """
     network = ("It may use the network." if limits.get("allow_network")
                else "There is no network access (use http_request).")
     description = (
