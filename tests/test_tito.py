@@ -1,8 +1,8 @@
-"""Token-in/token-out rollouts: exact traces through a real tokenizer and a Qwen3-style template.
+"""Token-in/token-out rollouts: exact traces through Qwen's real tokenizer and Qwen3's shipped template.
 
 A scripted token policy emits chosen text as real token ids; the agents are real Strands agents
 with real tools; SGLang and vLLM engines talk to scripted servers over real HTTP; the
-``TransformersEngine`` runs a tiny random-init ``Qwen3ForCausalLM``.
+``TransformersEngine`` runs a tiny random-init ``Qwen3ForCausalLM`` sized to the real vocabulary.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from rllm.engine.rollout.transformers_engine import TransformersEngine
 from rllm.engine.rollout.vllm_engine import VLLMEngine
 from rllm.integrations.strands import RLLMModel, StrandsAgent
 from rllm.testing.scripted_tokens import ScriptedTokenEngine, ScriptedTokenServer
-from rllm.testing.tiny_models import build_tiny_qwen3, build_tiny_tokenizer
+from rllm.testing.chat_templates import FAMILIES
+from rllm.testing.tiny_models import build_tiny_qwen3
 from rllm.tokens.renderer import ChatRenderer
 from rllm.tokens.trace import TokenTrace, TokenTraceError
 
@@ -31,7 +32,7 @@ THOUGHT = "<think>\nI need the lookup tool.\n</think>\n\n"
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Any:
-    return build_tiny_tokenizer()
+    return FAMILIES["qwen3"].tokenizer()
 
 
 class Tools:
@@ -138,9 +139,7 @@ async def test_a_trimmed_history_is_detected(tokenizer) -> None:
 
 
 async def test_prefilled_think_with_a_draft_call_does_not_run_it(tokenizer) -> None:
-    prefilling = build_tiny_tokenizer()
-    prefilling.chat_template = prefilling.chat_template.replace(
-        "{{- '<|im_start|>assistant\\n' }}\n{%- if enable_thinking", "{{- '<|im_start|>assistant\\n<think>\\n' }}\n{%- if enable_thinking")
+    prefilling = FAMILIES["qwen3_5_think"].tokenizer()  # Qwen3.5 opens <think> in its generation prompt
     draft = 'maybe <tool_call>\n{"name": "lookup", "arguments": {"key": "draft"}}\n</tool_call> no.\n</think>\n\nNo tool needed: \\boxed{1}'
     engine = ScriptedTokenEngine(prefilling, lambda prompt: draft)
     assert engine.renderer.probe.think_prefilled
