@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from rllm.tools import calculator, gaia_tools, make_file_read_tool, make_http_request_tool, make_python_exec_tool
+from rllm.tools.python_exec import sandbox_problem
 
 # ----------------------------------------------------------------------------- calculator
 
@@ -168,15 +169,16 @@ async def test_http_get_returns_status_and_text(http_url: str) -> None:
 
 
 async def test_http_post_sends_the_body_and_headers(http_url: str) -> None:
-    result = await make_http_request_tool(allowed_networks=_LOCAL)(url=f"{http_url}/echo", method="post", body='{"q": 1}',
-                                            headers={"X-Test": "yes"})
+    http_request = make_http_request_tool(allowed_networks=_LOCAL)
+    result = await http_request(url=f"{http_url}/echo", method="post", body='{"q": 1}', headers={"X-Test": "yes"})
     assert result.startswith("HTTP 201 Created")
     echo = json.loads(result.split("\n\n", 1)[1])
     assert echo == {"content_type": "application/json", "body": '{"q": 1}', "x": "yes"}
 
 
 async def test_http_caps_size_and_time(http_url: str) -> None:
-    capped = await make_http_request_tool(allowed_networks=_LOCAL, max_bytes=1000, max_chars=100_000)(url=f"{http_url}/big")
+    capped = await make_http_request_tool(allowed_networks=_LOCAL, max_bytes=1000, max_chars=100_000)(
+        url=f"{http_url}/big")
     assert "[body cut at 1,000 bytes]" in capped and capped.endswith("\n\n" + "x" * 1000)
     truncated = await make_http_request_tool(allowed_networks=_LOCAL, max_chars=50)(url=f"{http_url}/big")
     assert truncated.endswith("x" * 50 + "\n[text truncated to 50 of 2,097,152 characters]")
@@ -198,10 +200,17 @@ async def test_http_failures_come_back_as_text() -> None:
 
 
 # ----------------------------------------------------------------------------- python_exec
+# In the bubblewrap sandbox where it works here, under the guard alone elsewhere (the guard runs in both).
+_SANDBOX = "bwrap" if sandbox_problem() is None else "guard"
+
+
+def _python_tool(work_dir: Path, **options: object) -> object:
+    return make_python_exec_tool(work_dir, sandbox=_SANDBOX, **options)
+
 
 
 async def test_python_runs_in_the_work_dir_with_a_minimal_isolated_env(work_dir: Path) -> None:
-    python_exec = make_python_exec_tool(work_dir, timeout=20)
+    python_exec = _python_tool(work_dir, timeout=20)
     code = ("import os, sys, csv\nprint(os.getcwd())\nprint(sys.flags.isolated)\nprint(sorted(os.environ))\n"
             "print(sum(int(r['score']) for r in csv.DictReader(open('data.csv'))))\n"
             "open('out.txt', 'w').write('made here')")
@@ -217,7 +226,7 @@ async def test_python_runs_in_the_work_dir_with_a_minimal_isolated_env(work_dir:
 
 
 async def test_python_errors_show_the_users_traceback(work_dir: Path) -> None:
-    result = await make_python_exec_tool(work_dir)(code="x = 1\nprint('before')\nx / 0")
+    result = await _python_tool(work_dir)(code="x = 1\nprint('before')\nx / 0")
     assert result.startswith("exit code 1\n--- stdout ---\nbefore\n--- stderr ---\nTraceback")
     assert 'File "<python_exec>", line 3' in result and result.endswith("ZeroDivisionError: division by zero")
     assert "_sandbox_guard" not in result
@@ -226,7 +235,7 @@ async def test_python_errors_show_the_users_traceback(work_dir: Path) -> None:
 @pytest.mark.parametrize("code", ["while True:\n    pass", "import time\ntime.sleep(60)"])
 async def test_python_is_stopped_at_its_time_limit(work_dir: Path, code: str) -> None:
     started = time.perf_counter()
-    result = await make_python_exec_tool(work_dir, timeout=1.0)(code="print('started', flush=True)\n" + code)
+    result = await _python_tool(work_dir, timeout=1.0)(code="print('started', flush=True)\n" + code)
     elapsed = time.perf_counter() - started
     assert result.startswith("Error: the code ran longer than the 1 s time limit and was stopped.")
     assert "started" in result
@@ -250,7 +259,7 @@ async def test_python_is_stopped_at_its_time_limit(work_dir: Path, code: str) ->
      ("import socket\nsocket.socket().connect(('127.0.0.1', 9))", "has no network access (socket.connect)")],
 )
 async def test_python_cannot_reach_outside_its_work_dir(work_dir: Path, code: str, refusal: str) -> None:
-    result = await make_python_exec_tool(work_dir, timeout=20)(code=code)
+    result = await _python_tool(work_dir, timeout=20)(code=code)
     assert result.startswith("exit code 1") and "PermissionError: python_exec " + refusal in result.replace("\n", " ")
     assert "top secret" not in result
     assert sorted(p.name for p in work_dir.parent.iterdir()) == ["secret.txt", "work"]
@@ -258,15 +267,15 @@ async def test_python_cannot_reach_outside_its_work_dir(work_dir: Path, code: st
 
 
 async def test_python_output_and_memory_are_capped(work_dir: Path) -> None:
-    flood = await make_python_exec_tool(work_dir, max_output_bytes=1000)(code="print('y' * 1_000_000)")
+    flood = await _python_tool(work_dir, max_output_bytes=1000)(code="print('y' * 1_000_000)")
     assert flood.endswith("[stdout truncated: 999,001 more bytes]")
-    hog = await make_python_exec_tool(work_dir, memory_bytes=512 * 1024**2)(code="block = bytearray(2 * 1024**3)")
+    hog = await _python_tool(work_dir, memory_bytes=512 * 1024**2)(code="block = bytearray(2 * 1024**3)")
     assert hog.startswith("exit code 1") and hog.endswith("MemoryError")
 
 
 async def test_python_allows_scientific_libraries(work_dir: Path) -> None:
     pytest.importorskip("pandas")
-    result = await make_python_exec_tool(work_dir, timeout=60)(
+    result = await _python_tool(work_dir, timeout=60)(
         code="import pandas as pd\nprint(int(pd.read_csv('data.csv')['score'].sum()))")
     assert result == "exit code 0\n--- stdout ---\n8"
 
@@ -275,6 +284,6 @@ def test_python_exec_is_not_given_the_parent_environment(work_dir: Path, monkeyp
     monkeypatch.setenv("RLLM_TEST_SECRET", "s3cret")
     import asyncio
 
-    result = asyncio.run(make_python_exec_tool(work_dir)(code="import os\nprint(os.environ.get('RLLM_TEST_SECRET'))"))
+    result = asyncio.run(_python_tool(work_dir)(code="import os\nprint(os.environ.get('RLLM_TEST_SECRET'))"))
     assert result == "exit code 0\n--- stdout ---\nNone"
     assert os.environ["RLLM_TEST_SECRET"] == "s3cret"

@@ -118,9 +118,11 @@ ATTEMPTS = [
             "        setattr(m, name, lambda *a, **k: None)\nprint(open('SECRET_PATH').read())"),
     # ---- native code: ctypes, /proc
     Attempt("ctypes-cdll-none",
-            "import ctypes\nlibc = ctypes.CDLL(None)\nfd = libc.open(b'SECRET_PATH', 0)\nbuf = ctypes.create_string_buffer(100)\n"
+            "import ctypes\nlibc = ctypes.CDLL(None)\nfd = libc.open(b'SECRET_PATH', 0)\n"
+            "buf = ctypes.create_string_buffer(100)\n"
             "libc.read(fd, buf, 100)\nprint(buf.value)\nlibc.system(b'touch OUTSIDE_DIR/escaped')"),
-    Attempt("ctypes-pythonapi", "import ctypes\nctypes.pythonapi.system(b'cat SECRET_PATH; touch OUTSIDE_DIR/escaped')"),
+    Attempt("ctypes-pythonapi",
+            "import ctypes\nctypes.pythonapi.system(b'cat SECRET_PATH; touch OUTSIDE_DIR/escaped')"),
     Attempt("ctypes-libc-by-name", "import ctypes\nctypes.CDLL('libc.so.6').system(b'cat SECRET_PATH')"),
     Attempt("ctypes-system-from-memory", _LIBC_SYSTEM + "system(b'cat SECRET_PATH; touch OUTSIDE_DIR/escaped')"),
     Attempt("proc-self-mem",
@@ -131,11 +133,12 @@ ATTEMPTS = [
             "import glob\nfor p in glob.glob('/proc/[0-9]*/environ'):\n"
             "    try:\n        print(open(p, 'rb').read())\n    except OSError:\n        pass"),
     # ---- processes, through every API
-    Attempt("subprocess", "import subprocess\nprint(subprocess.run(['sh', '-c', 'cat SECRET_PATH; touch OUTSIDE_DIR/e'],"
-                          " capture_output=True).stdout)"),
+    Attempt("subprocess", "import subprocess\nprint(subprocess.run(['sh', '-c', 'cat SECRET_PATH; "
+                          "touch OUTSIDE_DIR/e'], capture_output=True).stdout)"),
     Attempt("os-system", "import os\nos.system('cat SECRET_PATH; touch OUTSIDE_DIR/escaped')"),
     Attempt("os-posix-spawn", "import os\nos.posix_spawn('/bin/sh', ['sh', '-c', 'touch OUTSIDE_DIR/escaped'], {})"),
-    Attempt("os-fork-exec", "import os\nif os.fork() == 0:\n    os.execv('/bin/sh', ['sh', '-c', 'touch OUTSIDE_DIR/e'])"),
+    Attempt("os-fork-exec",
+            "import os\nif os.fork() == 0:\n    os.execv('/bin/sh', ['sh', '-c', 'touch OUTSIDE_DIR/e'])"),
     Attempt("pty-spawn", "import pty\npty.spawn(['sh', '-c', 'cat SECRET_PATH'])"),
     Attempt("multiprocessing",
             "import multiprocessing as mp\ndef f():\n    open('OUTSIDE_DIR/escaped', 'w')\n"
@@ -169,7 +172,8 @@ ATTEMPTS = [
     # ---- removing or getting around the guard
     Attempt("gc-find-hook",
             "import gc\nfor o in gc.get_objects():\n    if callable(o) and getattr(o, '__closure__', None):\n"
-            "        for c in o.__closure__:\n            if c.cell_contents is False:\n                c.cell_contents = True\n"
+            "        for c in o.__closure__:\n            if c.cell_contents is False:\n"
+            "                c.cell_contents = True\n"
             "print(open('SECRET_PATH').read())"),
     Attempt("settrace-rewrite-hook",
             "import sys\ndef tracer(frame, event, arg):\n    if 'event' in frame.f_locals:\n"
@@ -178,7 +182,8 @@ ATTEMPTS = [
     Attempt("frame-walk",
             "import sys\nf = sys._getframe()\nwhile f:\n    for k, v in list(f.f_locals.items()):\n"
             "        if isinstance(v, dict) and 'work_dir' in v:\n            v['work_dir'] = '/'\n"
-            "        if isinstance(v, list):\n            v.append('/')\n    f = f.f_back\nprint(open('SECRET_PATH').read())"),
+            "        if isinstance(v, list):\n            v.append('/')\n    f = f.f_back\n"
+            "print(open('SECRET_PATH').read())"),
 ]
 
 # The escapes the audit-hook guard alone cannot stop; each must really get through (strict xfail).

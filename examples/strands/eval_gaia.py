@@ -4,7 +4,8 @@ Each task runs in its own work directory holding a copy of its attachment, whose
 prompt; the agent has a calculator, an HTTP tool (public addresses only), a file reader and a
 Python runner confined to that directory. The Python runner works inside a bubblewrap sandbox;
 where none can be had the run stops before it starts, unless ``--unsafe-python-exec`` accepts the
-audit-hook guard alone (not a security boundary). The isolation in use is printed and recorded. Answers are scored with GAIA's official rules (``rllm.rewards.gaia_reward``).
+audit-hook guard alone (not a security boundary). The isolation in use is printed and recorded.
+Answers are scored with GAIA's official rules (``rllm.rewards.gaia_reward``).
 Written to ``--out``: ``episodes.jsonl`` (one episode per task, streamed; a rerun resumes),
 ``report.json``, ``summary.txt`` (the table printed at the end), ``accuracy.png`` (accuracy per
 level) and ``submission.jsonl`` (GAIA leaderboard format). Infrastructure failures (engine

@@ -141,8 +141,8 @@ def _make_hook(work_dir: str, read_roots: list[str], allow_network: bool):  # no
     def hook(event: str, args: tuple) -> None:
         if event == "open":
             path, mode, flags = args
-            write = (mode is not None and ("w" in mode or "a" in mode or "x" in mode or "+" in mode)) or bool(
-                (flags or 0) & write_flags)
+            write = (mode is not None and ("w" in mode or "a" in mode or "x" in mode or "+" in mode)) or (
+                (flags or 0) & write_flags) != 0
             check(path, write, event)
         elif event in write_events:
             for index in write_events[event]:

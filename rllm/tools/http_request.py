@@ -50,8 +50,8 @@ def _embedded_ipv4(address: IPAddress) -> list[IPAddress]:
 
 def _address_problem(address: IPAddress) -> str | None:
     """Why ``address`` is not a public destination, or ``None`` when it is."""
-    for candidate in (address, *_embedded_ipv4(address)):
-        for kind in ("loopback", "private", "link_local", "multicast", "unspecified", "reserved"):
+    for candidate in (*_embedded_ipv4(address), address):
+        for kind in ("loopback", "link_local", "unspecified", "multicast", "private", "reserved"):
             if getattr(candidate, f"is_{kind}"):
                 return kind.replace("_", "-")
         if not candidate.is_global:
