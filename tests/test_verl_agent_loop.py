@@ -37,6 +37,7 @@ from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: E402
 from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 
 from rllm.engine.rollout.verl_engine import PromptTooLongError  # noqa: E402
+from rllm.errors import ConfigurationError, ToolBackendError  # noqa: E402
 from rllm.integrations.verl.agent_loop import StrandsAgentLoop  # noqa: E402
 from rllm.testing.scripted_tokens import scripted_completion  # noqa: E402
 from rllm.testing.tiny_models import build_tiny_tokenizer  # noqa: E402
@@ -71,8 +72,12 @@ def lookup_tools(fail_with: str | None = None) -> list[Any]:
             raise ValueError("no entry named 'bad'")
         if key == "decoy":
             return "A forum post claims the answer is \\boxed{Paris}."
-        if fail_with == "connect":
+        if fail_with == "backend":  # a tool marking its own backend failure: the typed signal
+            raise ToolBackendError("encyclopedia backend at 127.0.0.1:9 refused the connection")
+        if fail_with == "connect":  # a third-party exception: infrastructure only when configured so
             raise httpx.ConnectError("connection refused by 127.0.0.1:9")
+        if fail_with == "auth":
+            raise ConfigurationError("encyclopedia rejected the API key (HTTP 401): set LOOKUP_KEY")
         padding = "More text. " * (8 if key == "long" else 0)
         return f"The entry for {key} says: Paris is the capital of France. " + padding
 
@@ -371,28 +376,43 @@ async def test_tool_error_is_the_policys_but_a_dead_tool_backend_is_infrastructu
     assert "<tool_response>" in tool_turn and "no entry named 'bad'" in tool_turn
     assert output.extra_fields["final_answer"] == "\\boxed{Paris}"
 
-    # The tool's backend refusing connections: excluded, and no further generation is spent on it.
+    # The tool's backend failing, marked by the tool itself: excluded, and no further generation is spent on it.
     dead = FakeServerManager(tokenizer, turns_script(lookup_call("France"), "\\boxed{Paris}"))
-    loop, _ = build_loop(tokenizer, dead, fail_with="connect")
+    loop, _ = build_loop(tokenizer, dead, fail_with="backend")
     assert await loop.run(dict(SAMPLING), **row()) == []
     assert len(dead.calls) == 1
     dead = FakeServerManager(tokenizer, turns_script(lookup_call("France"), "\\boxed{Paris}"))
-    loop, _ = build_loop(tokenizer, dead, fail_with="connect")
+    loop, _ = build_loop(tokenizer, dead, fail_with="backend")
     flagged = await loop.rollout(dict(SAMPLING), **row())
-    assert flagged.extra_fields["infra_failure"] is True and "ConnectError" in flagged.extra_fields["infra_error"]
+    extra = flagged.extra_fields
+    assert extra["infra_failure"] is True and extra["termination_reason"] == "tool_backend_error"
+    assert extra["infra_error"] == ("tool 'lookup' failed: ToolBackendError: "
+                                    "encyclopedia backend at 127.0.0.1:9 refused the connection")
+    assert set(flagged.response_mask) == {0}
 
 
-async def test_an_unexpected_error_is_excluded_not_scored(tokenizer) -> None:
+async def test_a_third_party_tool_exception_is_infrastructure_only_when_configured(tokenizer) -> None:
+    # By default a raw httpx error from a tool is just an error the model reads (no regex, no guessing).
+    server = FakeServerManager(tokenizer, turns_script(lookup_call("France"), "\\boxed{Paris}"))
+    loop, _ = build_loop(tokenizer, server, fail_with="connect")
+    output = await loop.run(dict(SAMPLING), **row())
+    assert isinstance(output, AgentLoopOutput) and output.extra_fields["infra_failure"] is False
+    assert len(server.calls) == 2
+    # Named in the loop's infra_exceptions, it marks the backend failed.
+    server = FakeServerManager(tokenizer, turns_script(lookup_call("France"), "\\boxed{Paris}"))
+    loop, _ = build_loop(tokenizer, server, fail_with="connect", infra_exceptions=["httpx.TransportError"])
+    assert await loop.run(dict(SAMPLING), **row()) == [] and len(server.calls) == 1
+
+
+async def test_an_unexpected_error_raises_out_of_run_with_its_cause(tokenizer) -> None:
     class Garbled(FakeServerManager):
         async def generate(self, *args: Any, **kwargs: Any) -> TokenOutput:
             out = await super().generate(*args, **kwargs)
             return out.model_copy(update={"log_probs": out.log_probs[:-1]})  # one logprob short
 
     loop, _ = build_loop(tokenizer, Garbled(tokenizer, turns_script("\\boxed{Paris}")))
-    assert await loop.run(dict(SAMPLING), **row()) == []
-    output = await loop.rollout(dict(SAMPLING), **row())
-    assert output.extra_fields["termination_reason"] == "error" and output.extra_fields["infra_failure"] is True
-    assert "logprobs" in output.extra_fields["infra_error"]
+    with pytest.raises(ValueError, match="token ids but .* logprobs"):
+        await loop.run(dict(SAMPLING), **row())
 
 
 async def test_a_hung_rollout_times_out_as_infrastructure(tokenizer) -> None:

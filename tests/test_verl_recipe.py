@@ -37,6 +37,9 @@ ADDED_KEYS = {
     "actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype": "FSDP engine _build_fsdp_module",
     "reward.custom_reward_function.reward_kwargs.partial_credit": "rllm.integrations.verl.reward.compute_score",
     "ray_kwargs.ray_init.runtime_env.env_vars.RETRIEVAL_SERVER_URL": "ray.init runtime_env (agent-loop tool)",
+    "ray_kwargs.ray_init.runtime_env.env_vars.RETRIEVAL_TOKEN": "ray.init runtime_env (agent-loop tool)",
+    "rllm.max_infra_failure_share": "rllm.integrations.verl.manager.StrandsAgentLoopManager",
+    "actor_rollout_ref.rollout.agent.agent_loop_manager_class": "verl.trainer.main_ppo TaskRunnerV1 (RolloutConfig)",
     "data.apply_chat_template_kwargs.enable_thinking": "chat template (RLHFDataset, StrandsAgentLoop)",
 }
 
@@ -161,3 +164,42 @@ def test_launcher_refuses_to_start_without_a_healthy_retrieval_server() -> None:
     assert result.returncode != 0
     assert f"retrieval server is not healthy at {url}/health" in result.stderr
     assert "rag/launch_rag.sh" in result.stderr
+
+
+def test_recipe_passes_the_retrieval_token_to_the_workers_and_installs_the_stopping_manager(monkeypatch) -> None:
+    monkeypatch.setenv("RETRIEVAL_TOKEN", "s3cret")
+    config = prepare_config(compose())
+    assert config.ray_kwargs.ray_init.runtime_env.env_vars.RETRIEVAL_TOKEN == "s3cret"
+    rollout = omega_conf_to_dataclass(config.actor_rollout_ref.rollout)
+    assert rollout.agent.agent_loop_manager_class == "rllm.integrations.verl.manager.StrandsAgentLoopManager"
+    assert config.rllm.max_infra_failure_share == 0.5
+    from verl.utils.import_utils import load_class_from_fqn
+
+    from rllm.integrations.verl.manager import StrandsAgentLoopManager
+
+    assert load_class_from_fqn(rollout.agent.agent_loop_manager_class, "AgentLoopManager") is StrandsAgentLoopManager
+    monkeypatch.delenv("RETRIEVAL_TOKEN")
+    assert prepare_config(compose()).ray_kwargs.ray_init.runtime_env.env_vars.RETRIEVAL_TOKEN == ""
+
+
+def test_launcher_dry_run_never_prints_the_token() -> None:
+    result = _launch("--dry-run", RETRIEVAL_TOKEN="s3cret-token-value")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "s3cret-token-value" not in result.stdout + result.stderr
+    assert yaml.safe_load(result.stdout)["ray_kwargs"]["ray_init"]["runtime_env"]["env_vars"]["RETRIEVAL_TOKEN"] == "***"
+
+
+def test_launcher_refuses_a_retrieval_server_that_rejects_the_token(tmp_path_factory) -> None:
+    from rag.server import ServerSettings
+    from rag.testing import RetrievalServer, demo_index
+
+    index = demo_index(tmp_path_factory.getbasetemp(), 200)
+    with RetrievalServer(index, ServerSettings(token="s3cret")) as server:
+        result = _launch(RETRIEVAL_SERVER_URL=server.base_url, RETRIEVAL_TOKEN="")
+        wrong = _launch(RETRIEVAL_SERVER_URL=server.base_url, RETRIEVAL_TOKEN="not-it")
+    for run in (result, wrong):
+        assert run.returncode != 0
+        assert f"retrieval server OK at {server.base_url}/health" in run.stdout  # /health alone would pass
+        assert f"an authenticated POST {server.base_url}/retrieve failed" in run.stderr
+        assert "HTTP 401" in run.stderr and "set RETRIEVAL_TOKEN" in run.stderr
+    assert "the client sent no token" in result.stderr and "a token it does not accept" in wrong.stderr

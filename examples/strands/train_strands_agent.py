@@ -28,6 +28,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = Path(__file__).resolve().parent / "config"
 CONFIG_NAME = "strands_hotpotqa_rloo"
 DRY_RUN_FLAG = "--dry-run"
+TOKEN_ENV = "RETRIEVAL_TOKEN"
 
 
 def _absolute(path: str, *roots: Path) -> str:
@@ -58,6 +59,15 @@ def prepare_config(config: DictConfig) -> DictConfig:
     return config
 
 
+def _masked(config: DictConfig) -> DictConfig:
+    """A copy of ``config`` with the retrieval token, if set, shown as ``***``."""
+    shown = config.copy()
+    env_vars = OmegaConf.select(shown, "ray_kwargs.ray_init.runtime_env.env_vars")
+    if env_vars is not None and env_vars.get(TOKEN_ENV):
+        env_vars[TOKEN_ENV] = "***"
+    return shown
+
+
 def validate(config: DictConfig) -> None:
     """verl's own config checks, as ``verl.trainer.main_ppo.main`` runs them."""
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
@@ -71,7 +81,7 @@ def _run(config: DictConfig, dry_run: bool) -> None:
     if dry_run:
         with contextlib.redirect_stdout(sys.stderr):  # verl prints its verdict; stdout is the config only
             validate(config)
-        print(OmegaConf.to_yaml(config, resolve=True), end="")
+        print(OmegaConf.to_yaml(_masked(config), resolve=True), end="")
         logger.info("dry run: the config composes and passes verl's validation; nothing was started")
         return
     from verl.trainer.main_ppo import main as verl_main

@@ -5,8 +5,8 @@
 #   bash examples/strands/train_strands_agent.sh --help
 #
 # Checks that the retrieval server answers at $RETRIEVAL_SERVER_URL (start it with
-# `bash rag/launch_rag.sh`), then runs examples/strands/train_strands_agent.py with the
-# overrides passed through. --dry-run and --help only compose, validate and print the config:
+# `bash rag/launch_rag.sh`) and accepts $RETRIEVAL_TOKEN on an authenticated POST /retrieve, then
+# runs examples/strands/train_strands_agent.py with the overrides passed through. --dry-run and --help only compose, validate and print the config:
 # no GPU, no Ray, no retrieval server.
 set -euo pipefail
 
@@ -19,6 +19,8 @@ export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export OTEL_SDK_DISABLED="${OTEL_SDK_DISABLED:-true}"
 
 usage() {
+  local token_state="unset"
+  [[ -n "${RETRIEVAL_TOKEN:-}" ]] && token_state="set"
   cat <<EOF
 Usage: bash examples/strands/train_strands_agent.sh [--dry-run] [hydra overrides ...]
 
@@ -28,6 +30,8 @@ examples/strands/config/strands_hotpotqa_rloo.yaml). Overrides use Hydra syntax,
 
 Environment:
   RETRIEVAL_SERVER_URL  retrieval server (now: $RETRIEVAL_SERVER_URL); start: bash rag/launch_rag.sh
+  RETRIEVAL_TOKEN       the server's bearer token (now: $token_state); the same
+                        variable rag/launch_rag.sh reads; passed to the rollout workers
   HOTPOTQA_DIR          train/validation parquet (now: $HOTPOTQA_DIR); make: python scripts/prepare_hotpotqa.py
   PYTHON                interpreter (now: $PYTHON)
 
@@ -59,11 +63,16 @@ if [[ $dry_run -eq 1 ]]; then
 fi
 
 "$PYTHON" - "$RETRIEVAL_SERVER_URL" <<'PY'
+import asyncio
+import os
 import sys
 
 import httpx
 
-url = sys.argv[1].rstrip("/") + "/health"
+from rag.client import RetrievalError, check_search
+
+base = sys.argv[1].rstrip("/")
+url = base + "/health"
 try:
     response = httpx.get(url, timeout=10.0)
     response.raise_for_status()
@@ -73,6 +82,13 @@ except httpx.HTTPError as error:
         "start it with `bash rag/launch_rag.sh` (or set RETRIEVAL_SERVER_URL), then run this again"
     )
 print(f"retrieval server OK at {url}: {response.text[:200]}")
+# /health needs no token: prove the rollout workers' search works, token included.
+try:
+    hits = asyncio.run(check_search(base, os.environ.get("RETRIEVAL_TOKEN") or None))
+except RetrievalError as error:
+    sys.exit(f"an authenticated POST {base}/retrieve failed: {error}\n"
+             "training would drop or fail every rollout; fix this, then run this again")
+print(f"authenticated POST {base}/retrieve OK ({len(hits)} passage)")
 PY
 
 exec "$PYTHON" "$ROOT/examples/strands/train_strands_agent.py" ${args[@]+"${args[@]}"}

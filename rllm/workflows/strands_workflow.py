@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rllm.engine.rollout.base import RolloutEngine
-from rllm.integrations.strands import Budget, RLLMModel, StrandsAgent, termination_reason_for
+from rllm.integrations.strands import Budget, RLLMModel, StrandsAgent, describe_failure, termination_reason_for
 from rllm.rewards.base import RewardOutput
 from rllm.types import Episode, TerminationReason, Trajectory
 from rllm.workflows.base import Workflow
@@ -118,7 +118,7 @@ class StrandsWorkflow(Workflow):
         except Exception as error:  # noqa: BLE001 - every failure becomes a typed episode
             reason = termination_reason_for(error)
             logger.debug("episode %s ended by %s: %s", uid, reason.value, error)
-            episode = self.failed_episode(task, uid, reason, f"{type(error).__name__}: {error}")
+            episode = self.failed_episode(task, uid, reason, describe_failure(error))
             if reason is TerminationReason.ERROR:
                 episode.info["traceback"] = "".join(traceback.format_exception(error))[-4000:]
             episode.metrics["latency_s"] = time.perf_counter() - started

@@ -1,6 +1,6 @@
 """Strands Agents integration: run an unchanged Strands agent loop and record exact training data."""
 
-from rllm.integrations.strands.agent import StrandsAgent, termination_reason_for
+from rllm.integrations.strands.agent import StrandsAgent, describe_failure, termination_reason_for
 from rllm.integrations.strands.hooks import Budget, BudgetHook, ToolCallValidator, ToolFailureHook
 from rllm.integrations.strands.model import RLLMModel
 from rllm.integrations.strands.openai_model import NonStreamingOpenAIModel
@@ -15,5 +15,6 @@ __all__ = [
     "StrandsAgent",
     "ToolCallValidator",
     "ToolFailureHook",
+    "describe_failure",
     "termination_reason_for",
 ]

@@ -15,6 +15,7 @@ from strands.telemetry import EventLoopMetrics
 from strands.types.content import Message
 from strands.types.exceptions import (
     ContextWindowOverflowException,
+    EventLoopException,
     MaxTokensReachedException,
     ModelThrottledException,
 )
@@ -63,6 +64,13 @@ def termination_reason_for(error: BaseException) -> TerminationReason:
             return TerminationReason.ENGINE_ERROR
         cause = cause.__cause__
     return TerminationReason.ERROR
+
+
+def describe_failure(error: BaseException) -> str:
+    """``"ExceptionType: message"`` of what ended a run, looking through Strands' ``EventLoopException`` wrapper."""
+    while isinstance(error, EventLoopException) and error.__cause__ is not None:
+        error = error.__cause__
+    return f"{type(error).__name__}: {error}"
 
 
 def _output_from_message(message: Message) -> ModelOutput:

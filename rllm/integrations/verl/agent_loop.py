@@ -10,14 +10,23 @@ sampled tokens and ``response_logprobs`` their sampling logprobs (0.0 elsewhere)
 ``rollout.n`` rollouts of a row by ``uid`` for RLOO, scores them with the custom reward function
 (``rllm.integrations.verl.reward``, which reads the final answer from ``extra_fields``) and trains.
 
-A rollout that failed for a reason other than the policy (the rollout server aborted or failed, a
-tool's backend was unreachable, the rollout timed out, an unexpected exception) is excluded from
-the update. In verl's v1 trainer (the default) ``run`` returns an empty list, which verl's
+Only typed infrastructure failures are excluded from the update: the rollout server unreachable,
+failing, throttled or aborting the generation (``rllm.errors.InfrastructureError`` from the
+engine), a tool's backend marking its own failure (a tool raising an ``InfrastructureError`` such
+as ``ToolBackendError``, or one of ``infra_exceptions``), or the rollout running past
+``timeout_s``. In verl's v1 trainer (the default) ``run`` then returns an empty list, which verl's
 TransferQueue worker stores as "no trajectory for this session": the rollout carries no tokens,
 gets no reward and takes no part in its group's RLOO baseline (``compute_rloo_outcome_advantage``
 groups whatever rows share a ``uid``). The legacy v0 trainer cannot drop a row, so there it is
 returned with an all-zero ``response_mask`` (no gradient), flagged ``infra_failure``, and the
 reward function scores it 0 (which still enters its group's baseline: use v1).
+
+Anything else (a template error, a ``TypeError``, an unknown tool factory, a tool backend
+refusing its credentials with a ``ConfigurationError``) raises out of ``run`` with its cause:
+such an error would end every rollout the same way, so it must fail the step, not be trained
+around. ``rllm.integrations.verl.manager.StrandsAgentLoopManager`` makes verl's v1 trainer fail
+on it (verl's own worker only logs a session's exception) and stops a step whose rollouts are
+mostly dropped.
 """
 
 from __future__ import annotations
@@ -27,41 +36,46 @@ import functools
 import importlib
 import json
 import logging
-import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from strands.agent.conversation_manager import NullConversationManager
-from strands.hooks import AfterToolCallEvent, AfterToolsEvent, HookProvider, HookRegistry
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
 
-from rllm.engine.rollout.verl_engine import PromptTooLongError, ResponseBudgetExhaustedError, VerlEngine, VerlSession
-from rllm.integrations.strands import Budget, RLLMModel, StrandsAgent, termination_reason_for
+from rllm.engine.rollout.verl_engine import ResponseBudgetExhaustedError, VerlEngine, VerlSession
+from rllm.integrations.strands import Budget, RLLMModel, StrandsAgent, describe_failure, termination_reason_for
 from rllm.types import TerminationReason
 from rllm.workflows.strands_workflow import final_answer_text
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_TOOL_FACTORY = "rllm.agents.search:search_tools"
-DEFAULT_INFRA_EXCEPTIONS = (
-    "builtins.ConnectionError",
-    "builtins.TimeoutError",
-    "httpx.TransportError",
-    "rllm.engine.rollout.base.EngineUnavailableError",
-)
-"""Exceptions that, raised by a tool, mean its backend failed rather than the policy."""
-DEFAULT_INFRA_ERROR_PATTERNS = (
-    r"retrieval server at \S+ is (?:unreachable|overloaded or unavailable)",
-    r"retrieval server rejected the request \(HTTP 5\d\d\)",
-    r"retrieval server at \S+ sent a non-JSON answer",
-)
-"""Regexes over the text of an error tool result that mean the tool's backend failed.
+DEFAULT_INFRA_EXCEPTIONS: tuple[str, ...] = ()
+"""Exception classes that, raised by a tool, mean its backend failed, besides ``InfrastructureError``.
 
-Tools that report failures as text instead of raising (``rag.client``'s ``local_search``: "Search
-failed: retrieval server at URL is unreachable ...") are classified by these; a 4xx rejection or a
-bad argument stays the policy's doing.
+Empty: tools mark their own backend failures by raising ``rllm.errors.ToolBackendError`` (as
+``local_search`` does). Name a third-party tool's exception here (``httpx.TransportError``) only
+when it can never be the policy's doing.
 """
+OUTCOME_KWARG = "rllm_outcome"
+"""The keyword under which a worker may pass ``run`` a ``RolloutOutcome`` to fill in."""
+
+
+@dataclass
+class RolloutOutcome:
+    """What became of one rollout, for whoever counts a step's rollouts (verl hands ``run`` no other channel).
+
+    Attributes:
+        dropped: The rollout was excluded from the update as an infrastructure failure.
+        cause: Why, as ``"ExceptionType: message"`` or a termination reason.
+        error: The non-infrastructure error that ``run`` raised, as ``"ExceptionType: message"``.
+    """
+
+    dropped: bool = False
+    cause: str = ""
+    error: str = ""
 
 
 def _import_object(path: str) -> Any:
@@ -126,42 +140,6 @@ def _causes(error: BaseException) -> list[BaseException]:
     return chain
 
 
-class _ToolFailureMonitor(HookProvider):
-    """Notes the first tool call whose backend failed and ends the turn after that tool round.
-
-    A backend failure is an exception of one of ``infra_exceptions`` raised by the tool, or an
-    error result whose text matches one of ``infra_patterns``.
-    """
-
-    def __init__(self, infra_exceptions: tuple[type[BaseException], ...],
-                 infra_patterns: tuple[re.Pattern[str], ...]) -> None:
-        self.infra_exceptions = infra_exceptions
-        self.infra_patterns = infra_patterns
-        self.failure: str | None = None
-
-    def register_hooks(self, registry: HookRegistry, **kwargs: Any) -> None:
-        registry.add_callback(AfterToolCallEvent, self._after_tool_call)
-        registry.add_callback(AfterToolsEvent, self._after_tools)
-
-    def _after_tool_call(self, event: AfterToolCallEvent) -> None:
-        if self.failure is not None:
-            return
-        name, error = event.tool_use["name"], event.exception
-        if error is not None and isinstance(error, self.infra_exceptions):
-            self.failure = f"tool '{name}' failed: {type(error).__name__}: {error}"
-            return
-        result = event.result or {}
-        if result.get("status") == "error":
-            blocks = [b for b in result.get("content", []) if isinstance(b, dict)]
-            text = " ".join(str(block.get("text", "")) for block in blocks)
-            if any(pattern.search(text) for pattern in self.infra_patterns):
-                self.failure = f"tool '{name}' failed: {text[:500]}"
-
-    def _after_tools(self, event: AfterToolsEvent) -> None:
-        if self.failure is not None:
-            event.end_turn = True  # the rollout is excluded anyway; do not spend more generation on it
-
-
 class StrandsAgentLoop(AgentLoopBase):
     """Runs a Strands agent per trajectory inside verl and returns its exact token trace.
 
@@ -177,9 +155,8 @@ class StrandsAgentLoop(AgentLoopBase):
         tool_parser: How tool calls are parsed from sampled text (``hermes`` for Qwen3).
         timeout_s: Wall-clock limit per rollout; a rollout that runs past it is an infrastructure
             failure (a hung tool or server), excluded from the update. ``None``: no limit.
-        infra_exceptions: Dotted names of exception classes that, raised by a tool, mark the
-            rollout as an infrastructure failure.
-        infra_error_patterns: Regexes that, found in an error tool result, mark it likewise.
+        infra_exceptions: Dotted names of further exception classes that, raised by a tool, mark
+            the rollout as an infrastructure failure (``rllm.errors.InfrastructureError`` always does).
         tools: verl's own tool list (``rollout.multi_turn.tool_config_path``); must be empty,
             since this loop runs Strands tools.
     """
@@ -196,7 +173,6 @@ class StrandsAgentLoop(AgentLoopBase):
         tool_parser: str = "hermes",
         timeout_s: float | None = None,
         infra_exceptions: Sequence[str] = DEFAULT_INFRA_EXCEPTIONS,
-        infra_error_patterns: Sequence[str] = DEFAULT_INFRA_ERROR_PATTERNS,
         tools: Any = None,
         name: str | None = None,
         **kwargs: Any,
@@ -215,19 +191,30 @@ class StrandsAgentLoop(AgentLoopBase):
                              max_tool_calls=max_tool_calls)
         self.tool_parser = tool_parser
         self.timeout_s = timeout_s
-        self.infra_exceptions = tuple(_import_object(path) for path in _plain(infra_exceptions))
-        self.infra_patterns = tuple(re.compile(p) for p in _plain(infra_error_patterns))
+        self.infra_exceptions = tuple(_import_object(path) for path in _plain(infra_exceptions) or ())
         self.prompt_length = int(self.rollout_config.prompt_length)
         self.response_length = int(self.rollout_config.response_length)
         self.context_length = int(self.rollout_config.get("max_model_len") or self.prompt_length + self.response_length)
         self.use_v1 = bool(OmegaConf.select(self.config, "trainer.use_v1", default=True))
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput | list[AgentLoopOutput]:
-        """Run one rollout of the row; an infrastructure failure yields no trajectory (v1)."""
-        output = await self.rollout(sampling_params, **kwargs)
-        if output.extra_fields["infra_failure"]:
-            logger.warning("rollout excluded from the update (%s): %s", output.extra_fields["termination_reason"],
-                           output.extra_fields["infra_error"])
+        """Run one rollout of the row; an infrastructure failure yields no trajectory (v1), any other error raises.
+
+        A ``RolloutOutcome`` passed as ``rllm_outcome`` (by ``StrandsAgentLoopWorker``) is filled
+        in with what became of the rollout.
+        """
+        outcome = kwargs.pop(OUTCOME_KWARG, None)
+        try:
+            output = await self.rollout(sampling_params, **kwargs)
+        except Exception as error:
+            if isinstance(outcome, RolloutOutcome):
+                outcome.error = describe_failure(error)
+            raise
+        extra = output.extra_fields
+        if extra["infra_failure"]:
+            logger.warning("rollout excluded from the update (%s): %s", extra["termination_reason"], extra["infra_error"])
+            if isinstance(outcome, RolloutOutcome):
+                outcome.dropped, outcome.cause = True, extra["infra_error"]
             if self.use_v1:
                 return []
         return output
@@ -253,10 +240,13 @@ class StrandsAgentLoop(AgentLoopBase):
         )
 
     async def rollout(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
-        """Run the agent on the row and return its output, infrastructure failures included (flagged)."""
+        """Run the agent on the row and return its output, infrastructure failures included (flagged).
+
+        Raises any exception that is not a typed infrastructure failure or a policy outcome
+        (context overflow, response budget), with its cause.
+        """
         system, conversation = split_prompt(kwargs["raw_prompt"])
         engine = self.build_engine(sampling_params)
-        monitor = _ToolFailureMonitor(self.infra_exceptions, self.infra_patterns)
         agent = StrandsAgent(
             RLLMModel(engine),
             tools=build_tools(self.tool_factory, self.tool_kwargs),
@@ -264,7 +254,7 @@ class StrandsAgentLoop(AgentLoopBase):
             name=self.name,
             budget=self.budget,
             conversation_manager=NullConversationManager(),
-            hooks=[monitor],
+            infra_exceptions=self.infra_exceptions,
         )
         prompt: Any = conversation
         if len(conversation) == 1 and conversation[0]["role"] == "user":
@@ -275,13 +265,15 @@ class StrandsAgentLoop(AgentLoopBase):
                 await agent.invoke_async(prompt)
             else:
                 await asyncio.wait_for(agent.invoke_async(prompt), timeout=self.timeout_s)
-        except Exception as caught:  # noqa: BLE001 - every failure becomes a typed termination reason
-            if any(isinstance(e, PromptTooLongError) for e in _causes(caught)):
+        except Exception as caught:  # noqa: BLE001 - typed below; anything untyped is raised
+            if self._termination(agent, caught) is TerminationReason.ERROR:
+                logger.error("rollout failed with %s: %s; not an infrastructure failure, so it is raised",
+                             type(caught).__name__, caught)
                 raise
             error = caught
         if not engine.sessions:
             raise RuntimeError(f"the agent stopped before its first model call: {error!r}") from error
-        return self._output(agent, engine.sessions[0], error, monitor, kwargs)
+        return self._output(agent, engine.sessions[0], error, kwargs)
 
     def _termination(self, agent: StrandsAgent, error: BaseException | None) -> TerminationReason:
         if error is None:
@@ -291,17 +283,14 @@ class StrandsAgentLoop(AgentLoopBase):
         return termination_reason_for(error)
 
     def _output(self, agent: StrandsAgent, session: VerlSession, error: BaseException | None,
-                monitor: _ToolFailureMonitor, row: dict[str, Any]) -> AgentLoopOutput:
+                row: dict[str, Any]) -> AgentLoopOutput:
         reason = self._termination(agent, error)
         infra_error = ""
         if reason.is_infrastructure_failure:
-            infra_error = f"{type(error).__name__}: {error}" if error is not None else reason.value
-        elif error is not None and reason is TerminationReason.ERROR:
-            # An unexpected exception is a bug or a failing dependency, not the policy's doing.
-            logger.error("rollout failed with an unexpected error", exc_info=error)
-            infra_error = f"internal error: {type(error).__name__}: {error}"
-        elif monitor.failure is not None:
-            infra_error = monitor.failure
+            if error is not None:
+                infra_error = describe_failure(error)
+            else:
+                infra_error = agent.tool_failures.description or reason.value
         trace = session.trace
         start, end = trace.prompt_length, trace.prompt_length + self.response_length
         response_ids = trace.token_ids[start:end]
