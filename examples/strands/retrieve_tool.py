@@ -22,7 +22,7 @@ import sys
 from rag.client import RetrievalClient, RetrievalError, check_health, format_passages, make_local_search_tool
 
 RETRIEVAL_SERVER_URL = os.environ.get("RETRIEVAL_SERVER_URL", "http://127.0.0.1:8000")
-RETRIEVAL_TOKEN = os.environ.get("RETRIEVAL_TOKEN") or os.environ.get("RAG_TOKEN") or None
+RETRIEVAL_TOKEN = os.environ.get("RETRIEVAL_TOKEN") or None  # the variable rag/launch_rag.sh reads too
 
 local_search = make_local_search_tool(RETRIEVAL_SERVER_URL, RETRIEVAL_TOKEN)
 
