@@ -186,7 +186,8 @@ def test_launcher_dry_run_never_prints_the_token() -> None:
     result = _launch("--dry-run", RETRIEVAL_TOKEN="s3cret-token-value")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "s3cret-token-value" not in result.stdout + result.stderr
-    assert yaml.safe_load(result.stdout)["ray_kwargs"]["ray_init"]["runtime_env"]["env_vars"]["RETRIEVAL_TOKEN"] == "***"
+    env_vars = yaml.safe_load(result.stdout)["ray_kwargs"]["ray_init"]["runtime_env"]["env_vars"]
+    assert env_vars["RETRIEVAL_TOKEN"] == "***"
 
 
 def test_launcher_refuses_a_retrieval_server_that_rejects_the_token(tmp_path_factory) -> None:

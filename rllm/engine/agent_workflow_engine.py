@@ -229,7 +229,8 @@ class AgentWorkflowEngine:
         if max_same_errors is not None and max_same_errors < 1:
             raise ValueError(f"max_same_errors must be at least 1 (or None), got {max_same_errors}")
         if max_infra_failure_share is not None and not 0 <= max_infra_failure_share <= 1:
-            raise ValueError(f"max_infra_failure_share must be between 0 and 1 (or None), got {max_infra_failure_share}")
+            raise ValueError(f"max_infra_failure_share must be between 0 and 1 (or None), "
+                             f"got {max_infra_failure_share}")
         self.workflow_cls = workflow_cls
         self.workflow_args = dict(workflow_args or {})
         self.rollout_engine = rollout_engine

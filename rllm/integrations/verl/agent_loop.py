@@ -212,7 +212,8 @@ class StrandsAgentLoop(AgentLoopBase):
             raise
         extra = output.extra_fields
         if extra["infra_failure"]:
-            logger.warning("rollout excluded from the update (%s): %s", extra["termination_reason"], extra["infra_error"])
+            logger.warning("rollout excluded from the update (%s): %s", extra["termination_reason"],
+                           extra["infra_error"])
             if isinstance(outcome, RolloutOutcome):
                 outcome.dropped, outcome.cause = True, extra["infra_error"]
             if self.use_v1:
