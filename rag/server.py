@@ -11,6 +11,7 @@ reads too) every route but ``/health`` and the API docs needs ``Authorization: B
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hmac
 import logging
 import os
@@ -28,6 +29,7 @@ from pydantic_core import PydanticCustomError
 from rag.batcher import Batcher, Overloaded
 from rag.client import TOKEN_ENV
 from rag.metrics import ServerMetrics
+from rag.serving import HttpConfigError, HttpLimits, granian_available, serve
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +51,8 @@ class ServerSettings(BaseModel):
         max_body_bytes: Largest request body (413 above).
         retry_after: Seconds sent in ``Retry-After`` with a 503.
         drain_timeout: Seconds shutdown waits for work in flight.
+        body_timeout: Seconds a request may take to deliver its whole body once its head arrived
+            (408 and close after); the HTTP server's own limits are in ``rag.serving.HttpLimits``.
         token: Bearer token required on every route but ``/health`` and the docs; None for none.
     """
 
@@ -61,6 +65,7 @@ class ServerSettings(BaseModel):
     max_body_bytes: int = 65536
     retry_after: int = 1
     drain_timeout: float = 30.0
+    body_timeout: float = 10.0
     token: str | None = None
 
 
@@ -192,14 +197,24 @@ class _BodyTooLarge(Exception):
     pass
 
 
-class _Guard:
-    """Pure ASGI middleware: bearer token and body size, checked before any route runs."""
+class _BodyTimeout(Exception):
+    pass
 
-    def __init__(self, app: Any, *, max_body_bytes: int, token: str | None, metrics: ServerMetrics) -> None:
+
+class _Guard:
+    """Pure ASGI middleware: bearer token, body size and body read timeout, checked before any route runs.
+
+    The body deadline runs from the moment the head arrived and covers the whole body, so a client
+    trickling one byte a second is cut off as surely as one that stops; it ends with the body.
+    """
+
+    def __init__(self, app: Any, *, max_body_bytes: int, token: str | None, metrics: ServerMetrics,
+                 body_timeout: float) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.expected = f"Bearer {token}".encode() if token else None
         self.metrics = metrics
+        self.body_timeout = body_timeout
 
     async def _reject(self, send: Send, status: int, message: str, headers: dict[str, str] | None = None) -> None:
         self.metrics.errors[status] += 1
@@ -232,18 +247,25 @@ class _Guard:
             if too_big:
                 await self._reject(send, 413, f"request body is {int(declared)} bytes; the limit is {limit}")
                 return
-            await self.app(scope, receive, send)
-            return
 
         seen = 0
+        body_done = False
         started = False
+        deadline = asyncio.get_running_loop().time() + self.body_timeout
 
-        async def counting_receive() -> Message:
-            nonlocal seen
-            message = await receive()
+        async def guarded_receive() -> Message:
+            nonlocal seen, body_done
+            if body_done:  # after the body only a disconnect can come: no deadline for that wait
+                return await receive()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                raise _BodyTimeout from None
             seen += len(message.get("body", b""))
             if seen > limit:
                 raise _BodyTooLarge
+            body_done = message["type"] != "http.request" or not message.get("more_body", False)
             return message
 
         async def tracking_send(message: Message) -> None:
@@ -252,10 +274,14 @@ class _Guard:
             await send(message)
 
         try:
-            await self.app(scope, counting_receive, tracking_send)
+            await self.app(scope, guarded_receive, tracking_send)
         except _BodyTooLarge:
             if not started:
                 await self._reject(send, 413, f"request body exceeds the limit of {limit} bytes")
+        except _BodyTimeout:
+            if not started:
+                await self._reject(send, 408, f"request body not received within {self.body_timeout:g} s",
+                                   {"Connection": "close"})
 
 
 # ----------------------------------------------------------------------------- app
@@ -281,7 +307,8 @@ def create_app(retriever: RetrieverLike, settings: ServerSettings | None = None)
     app.state.batcher = batcher
     app.state.metrics = metrics
     app.state.settings = settings
-    app.add_middleware(_Guard, max_body_bytes=settings.max_body_bytes, token=settings.token, metrics=metrics)
+    app.add_middleware(_Guard, max_body_bytes=settings.max_body_bytes, token=settings.token, metrics=metrics,
+                       body_timeout=settings.body_timeout)
 
     @app.exception_handler(_ApiError)
     async def _api_error(_request: Request, error: _ApiError) -> JSONResponse:
@@ -333,7 +360,7 @@ def create_app(retriever: RetrieverLike, settings: ServerSettings | None = None)
             **retriever.describe(),
             "batching": {"max_batch_size": settings.max_batch_size, "max_queue": settings.max_queue,
                          "cache_passages": settings.cache_passages},
-            "limits": {**limits, "max_body_bytes": settings.max_body_bytes},
+            "limits": {**limits, "max_body_bytes": settings.max_body_bytes, "body_timeout": settings.body_timeout},
             "auth": settings.token is not None,
             "uptime_s": round(time.time() - started, 1),
         }
@@ -389,6 +416,20 @@ def _parser() -> argparse.ArgumentParser:
                  "max_batch_queries", "max_body_bytes", "retry_after"):
         b.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
     b.add_argument("--drain-timeout", type=float, default=defaults.drain_timeout)
+    h = p.add_argument_group("HTTP limits (slow, silent and oversized clients)")
+    http = HttpLimits()
+    h.add_argument("--http-server", choices=["granian", "uvicorn"], default="granian",
+                   help="granian (default: header read timeout, bounded heads, connection cap) or uvicorn "
+                        "(h11; no header read timeout)")
+    h.add_argument("--header-timeout", type=float, default=http.header_timeout,
+                   help="seconds to receive a complete request head; closes silent and idle connections too")
+    h.add_argument("--body-timeout", type=float, default=defaults.body_timeout,
+                   help="seconds to receive the whole body after the head (408 after)")
+    h.add_argument("--max-header-bytes", type=int, default=http.max_header_bytes,
+                   help="largest request head (431 above; at least 8192)")
+    h.add_argument("--max-connections", type=int, default=http.max_connections,
+                   help="connections served at once; more wait in the listen backlog")
+    h.add_argument("--backlog", type=int, default=http.backlog, help="listen backlog")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--access-log", action="store_true", help="log every request (slower)")
     return p
@@ -396,12 +437,18 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     """Load the index named on the command line and serve it until SIGINT/SIGTERM."""
-    import uvicorn
-
     from rag.index import IndexOptions
     from rag.retriever import Retriever
 
     args = _parser().parse_args(argv)
+    limits = HttpLimits(header_timeout=args.header_timeout, max_header_bytes=args.max_header_bytes,
+                        max_connections=args.max_connections, backlog=args.backlog)
+    try:
+        limits.check()
+    except HttpConfigError as e:
+        _parser().error(str(e))
+    if args.http_server == "granian" and not granian_available():
+        _parser().error("granian is not installed (pip install -e '.[rag]'); or pass --http-server uvicorn")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     options = IndexOptions(device=args.device, gpus=[int(g) for g in args.gpus.split(",")] if args.gpus else None,
                            shard=not args.replicate, fp16=not args.no_fp16, temp_memory_mb=args.temp_memory_mb,
@@ -409,13 +456,13 @@ def main(argv: list[str] | None = None) -> None:
     retriever = Retriever.load(args.index_dir, options, threads=args.threads, mmap_index=args.mmap_index)
     retriever.search(["warm-up query"], 1)
     token = args.token or token_from_env()
-    settings = ServerSettings(token=token, drain_timeout=args.drain_timeout, **{
+    settings = ServerSettings(token=token, drain_timeout=args.drain_timeout, body_timeout=args.body_timeout, **{
         k: getattr(args, k) for k in ("max_batch_size", "max_queue", "cache_passages", "max_top_k", "max_query_chars",
                                       "max_batch_queries", "max_body_bytes", "retry_after")})
     if args.host not in _LOOPBACK and token is None:
         logger.warning("serving on %s without a bearer token: anyone who can reach the port can query", args.host)
-    uvicorn.run(create_app(retriever, settings), host=args.host, port=args.port, log_level=args.log_level,
-                access_log=args.access_log, timeout_graceful_shutdown=int(args.drain_timeout), backlog=4096)
+    serve(create_app(retriever, settings), args.host, args.port, limits, server=args.http_server,
+          log_level=args.log_level, access_log=args.access_log, drain_timeout=args.drain_timeout)
 
 
 if __name__ == "__main__":

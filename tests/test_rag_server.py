@@ -170,6 +170,21 @@ def test_chunked_body_over_the_limit_is_refused(server: RetrievalServer) -> None
     assert httpx.post(f"{server.base_url}/retrieve", json={"query": "film"}).status_code == 200
 
 
+def test_body_that_stops_coming_gets_408_and_others_are_served(fresh) -> None:
+    import socket
+
+    srv = fresh(ServerSettings(body_timeout=0.5))
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=5) as s:
+        s.sendall(b"POST /retrieve HTTP/1.1\r\nhost: x\r\ncontent-length: 50\r\n\r\n{\"query\": \"fi")
+        assert httpx.post(f"{srv.base_url}/retrieve", json={"query": "film"}).status_code == 200
+        start = time.monotonic()
+        reply = s.recv(4096)
+    assert reply.startswith(b"HTTP/1.1 408"), reply[:80]
+    assert b"request body not received within 0.5 s" in reply
+    assert time.monotonic() - start < 2
+    assert httpx.get(f"{srv.base_url}/metrics").json()["errors"] == {"408": 1}
+
+
 def test_wrong_method_and_route_are_4xx(server: RetrievalServer) -> None:
     assert httpx.get(f"{server.base_url}/retrieve").status_code == 405
     assert httpx.post(f"{server.base_url}/nope", json={}).status_code == 404
