@@ -32,7 +32,11 @@ def scripted_completion(tokenizer: Any, end_of_turn_id: int, script: TokenScript
                         max_new_tokens: int) -> TokenOutput:
     """The token output for ``script(decoded prompt)``, cut at ``max_new_tokens``."""
     text = script(tokenizer.decode(prompt_ids, skip_special_tokens=False))
-    ids = [*tokenizer.encode(text, add_special_tokens=False), end_of_turn_id]
+    return _sampled([*tokenizer.encode(text, add_special_tokens=False), end_of_turn_id], max_new_tokens)
+
+
+def _sampled(ids: list[int], max_new_tokens: int) -> TokenOutput:
+    """``ids`` cut at ``max_new_tokens``, each with a deterministic logprob."""
     finish = "stop" if len(ids) <= max_new_tokens else "length"
     ids = ids[:max_new_tokens]
     return TokenOutput(token_ids=ids, logprobs=[-0.01 * (1 + i % 7) for i in range(len(ids))], finish_reason=finish)
@@ -41,9 +45,9 @@ def scripted_completion(tokenizer: Any, end_of_turn_id: int, script: TokenScript
 class ScriptedTokenEngine(TokenEngine):
     """A token engine whose samples come from a text script through the real tokenizer."""
 
-    def __init__(self, tokenizer: Any, script: TokenScript, **kwargs: Any) -> None:
+    def __init__(self, tokenizer: Any, script: TokenScript | MessageScript, **kwargs: Any) -> None:
         super().__init__(tokenizer, **kwargs)
-        self.script = script
+        self.script: Any = script
         self.prompts: list[list[int]] = []
 
     async def _generate(self, prompt_ids: list[int], max_new_tokens: int, sampling: dict[str, Any],
@@ -67,7 +71,7 @@ def template_assistant_text(renderer: ChatRenderer, messages: list[dict[str, Any
     return text[: text.index(end) + len(end)]
 
 
-class MessageScriptedEngine(TokenEngine):
+class MessageScriptedEngine(ScriptedTokenEngine):
     """A token engine whose policy answers with assistant messages, sampled in the template's own format.
 
     ``script(messages)`` gets the conversation as sent (OpenAI format) and returns either an
@@ -75,11 +79,6 @@ class MessageScriptedEngine(TokenEngine):
     strings) or raw text for turns no template would write (a malformed call, say), which is
     sampled as written and closed with the end-of-turn token.
     """
-
-    def __init__(self, tokenizer: Any, script: MessageScript, **kwargs: Any) -> None:
-        super().__init__(tokenizer, **kwargs)
-        self.script = script
-        self.prompts: list[list[int]] = []
 
     async def _generate(self, prompt_ids: list[int], max_new_tokens: int, sampling: dict[str, Any],
                         session: TokenSession) -> TokenOutput:
@@ -89,9 +88,7 @@ class MessageScriptedEngine(TokenEngine):
             text = answer + self.renderer.probe.end_of_turn_text
         else:
             text = template_assistant_text(self.renderer, session.messages, session.tools, answer)
-        ids = self.renderer.encode(text)[:max_new_tokens]
-        finish = "stop" if len(ids) == len(self.renderer.encode(text)) else "length"
-        return TokenOutput(token_ids=ids, logprobs=[-0.01 * (1 + i % 7) for i in range(len(ids))], finish_reason=finish)
+        return _sampled(self.renderer.encode(text), max_new_tokens)
 
 
 class ScriptedTokenServer(ScriptedOpenAIServer):
