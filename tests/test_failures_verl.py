@@ -50,29 +50,22 @@ pytestmark = pytest.mark.timeout(180)
 
 
 # ---------------------------------------------------------------- what raises out of run
-def _broken_template(loop: Any) -> None:
-    build = loop.build_engine
+async def test_a_template_error_raises_out_of_run() -> None:
+    """Qwen3's real template, edited to number its turns (so a turn renders differently in context)."""
+    from rllm.testing.chat_templates import FAMILIES
+    from rllm.testing.qwen_tokenizer import build_qwen_tokenizer
 
-    def build_engine(sampling_params: dict[str, Any]) -> Any:
-        engine = build(sampling_params)
-
-        def extend_prompt(*args: Any, **kwargs: Any) -> None:
-            raise TemplateError("the chat template re-renders earlier turns")
-
-        engine._extend_prompt = extend_prompt
-        return engine
-
-    loop.build_engine = build_engine
-
-
-async def test_a_template_error_raises_out_of_run(tokenizer) -> None:
-    server = FakeServerManager(tokenizer, turns_script("\\boxed{Paris}"))
+    template = FAMILIES["qwen3"].template()
+    loop_marker = "{%- for message in messages %}"
+    numbered = template.replace(loop_marker, loop_marker + "{{- '[' ~ loop.index ~ ']' }}", 1)
+    tokenizer = build_qwen_tokenizer(numbered)
+    server = FakeServerManager(FAMILIES["qwen3"].tokenizer(), turns_script("\\boxed{Paris}"))
     loop, _ = build_loop(tokenizer, server)
-    _broken_template(loop)
     outcome = RolloutOutcome()
-    with pytest.raises(TemplateError, match="re-renders earlier turns"):
+    with pytest.raises(TemplateError, match="cannot be rendered incrementally"):
         await loop.run(dict(SAMPLING), rllm_outcome=outcome, **row())
-    assert outcome.error == "TemplateError: the chat template re-renders earlier turns" and not outcome.dropped
+    assert outcome.error.startswith("TemplateError: chat template") and not outcome.dropped
+    assert server.calls == []  # refused before any generation
 
 
 async def test_a_type_error_and_an_unknown_tool_factory_raise_out_of_run(tokenizer) -> None:
