@@ -5,6 +5,8 @@ queries wait in the queue and leave together as the next batch (up to ``max_batc
 batches grow with load instead of with a timer. The worker thread runs encode + search, so the
 event loop keeps accepting requests meanwhile. A query already queued or computing is joined,
 not recomputed, and finished answers stay in an LRU cache (RL asks each question n times).
+Each answer is serialised to JSON once, in the worker thread, and kept as bytes beside the list,
+so a cache hit or a joined duplicate costs the event loop no serialisation at all.
 """
 
 from __future__ import annotations
@@ -24,6 +26,20 @@ Results = list[dict[str, Any]]
 Compute = Callable[[list[str], int], list[Results]]
 
 
+@dataclass(frozen=True)
+class Answer:
+    """One query's passages and their JSON array, serialised once."""
+
+    results: Results
+    json: bytes
+
+
+def _to_json(value: Any) -> bytes:
+    import pydantic_core
+
+    return pydantic_core.to_json(value)
+
+
 class Overloaded(Exception):
     """The queue cannot take the request; the caller should answer 503 with ``Retry-After``."""
 
@@ -37,7 +53,7 @@ class Overloaded(Exception):
 class _Item:
     query: str
     top_k: int
-    future: asyncio.Future[Results]
+    future: asyncio.Future[Answer]
 
 
 class _LRU:
@@ -46,25 +62,25 @@ class _LRU:
     def __init__(self, max_passages: int) -> None:
         self.max_passages = max_passages
         self.passages = 0
-        self._items: OrderedDict[tuple[str, int], Results] = OrderedDict()
+        self._items: OrderedDict[tuple[str, int], Answer] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._items)
 
-    def get(self, key: tuple[str, int]) -> Results | None:
+    def get(self, key: tuple[str, int]) -> Answer | None:
         value = self._items.get(key)
         if value is not None:
             self._items.move_to_end(key)
         return value
 
-    def put(self, key: tuple[str, int], value: Results) -> None:
+    def put(self, key: tuple[str, int], value: Answer) -> None:
         if self.max_passages <= 0 or key in self._items:
             return
         self._items[key] = value
-        self.passages += max(1, len(value))
+        self.passages += max(1, len(value.results))
         while self.passages > self.max_passages and self._items:
             _, old = self._items.popitem(last=False)
-            self.passages -= max(1, len(old))
+            self.passages -= max(1, len(old.results))
 
 
 @dataclass
@@ -100,7 +116,7 @@ class Batcher:
         self._on_batch = on_batch
         self._cache = _LRU(cache_passages)
         self._pending: deque[_Item] = deque()
-        self._inflight: dict[tuple[str, int], asyncio.Future[Results]] = {}
+        self._inflight: dict[tuple[str, int], asyncio.Future[Answer]] = {}
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rag-compute")
         self._runner: asyncio.Task[None] | None = None
         self._computing = 0
@@ -123,7 +139,11 @@ class Batcher:
 
     async def retrieve(self, queries: Sequence[str], top_k: int) -> list[Results]:
         """Answers for ``queries`` in order; raises ``Overloaded`` (admitting none) when the queue is full."""
-        waits: list[Results | asyncio.Future[Results]] = []
+        return [a.results for a in await self.answers(queries, top_k)]
+
+    async def answers(self, queries: Sequence[str], top_k: int) -> list[Answer]:
+        """Like ``retrieve``, with each answer's JSON bytes (what the server sends)."""
+        waits: list[Answer | asyncio.Future[Answer]] = []
         new: dict[tuple[str, int], _Item] = {}
         hits = joins = 0
         for query in queries:
@@ -155,19 +175,24 @@ class Batcher:
         if new and (self._runner is None or self._runner.done()):
             self._runner = asyncio.get_running_loop().create_task(self._run())
         # shield: one caller giving up must not cancel an answer others are waiting for.
-        return [w if isinstance(w, list) else await asyncio.shield(w) for w in waits]
+        return [w if isinstance(w, Answer) else await asyncio.shield(w) for w in waits]
+
+    def _compute_answers(self, queries: list[str], top_ks: list[int]) -> list[Answer]:
+        """Worker thread: one compute at the largest ``top_k``, each answer cut to its own and serialised."""
+        results = self._compute(queries, max(top_ks))
+        if len(results) != len(queries):
+            raise RuntimeError(f"retriever returned {len(results)} answers for {len(queries)} queries")
+        return [Answer(r[:k], _to_json(r[:k])) for r, k in zip(results, top_ks)]
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while self._pending:
             batch = [self._pending.popleft() for _ in range(min(self.max_batch_size, len(self._pending)))]
-            top_k = max(item.top_k for item in batch)
             self._computing = len(batch)
             start = time.perf_counter()
             try:
-                results = await loop.run_in_executor(self._executor, self._compute, [i.query for i in batch], top_k)
-                if len(results) != len(batch):
-                    raise RuntimeError(f"retriever returned {len(results)} answers for {len(batch)} queries")
+                results = await loop.run_in_executor(self._executor, self._compute_answers, [i.query for i in batch],
+                                                     [i.top_k for i in batch])
             except BaseException as error:  # noqa: BLE001 - every waiter must hear about it, then cancellation goes on
                 self.stats.failed_batches += 1
                 if not isinstance(error, asyncio.CancelledError):
@@ -187,8 +212,7 @@ class Batcher:
             self.stats.compute_seconds += elapsed
             if self._on_batch is not None:
                 self._on_batch(len(batch), elapsed)
-            for item, result in zip(batch, results):
-                answer = result[: item.top_k]
+            for item, answer in zip(batch, results):
                 key = (item.query, item.top_k)
                 self._cache.put(key, answer)
                 self._inflight.pop(key, None)
