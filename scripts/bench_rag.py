@@ -1,18 +1,23 @@
-"""Benchmark the retrieval service against the in-process ceiling of the same encoder and index.
+"""Benchmark the retrieval service: in-process ceiling, this server, and rLLM's server (the anchor), in one run.
 
-    python scripts/bench_rag.py                       # 100k passages, concurrency 1/16/64/256
-    python scripts/bench_rag.py --passages 10000 --requests-scale 0.5
+    python scripts/bench_rag.py --anchor /tmp/anchor/rag_server.py     # 100k passages, c = 1/16/64/256/512
+    python scripts/bench_rag.py --passages 10000 --duration 8            # quicker, no anchor column
 
-Measures in one run:
-  (a) the raw ceiling: ``encode`` + ``search`` in this process at the best batch size, and the
+Measures, on the same index and the same kind of queries:
+  (a) the in-process ceiling: ``encode`` + ``search`` at the best batch size (measured before and
+      after the servers run; the higher is kept, so ratios against it are conservative), and the
       latency of one lone query;
-  (b) ``rag.server`` in a subprocess over HTTP at each concurrency, with distinct queries and with
-      an RL-like mix (each query sent 8 times within a burst): throughput, p50/p95/p99, errors,
-      each reported against (a).
-and checks the targets: c=256 distinct >= 85% of the raw ceiling; c=1 median <= 1.5x one raw
-query; RL mix >= 3x distinct throughput; no errors. The raw figures are also re-measured right
-before and after each distinct level, and the verdicts compare against that adjacent measurement,
-so slow load drift on a shared machine cancels out; the table shows both.
+  (b) ``rag.server`` in a subprocess, a fresh one per level, loaded by ``wrk`` (a C client; a Lua
+      script posts distinct bodies, never repeated across the run) at each concurrency, with
+      distinct queries and with the RL mix (groups of 8 identical requests in a row, every group
+      distinct); the load generator's own CPU time is reported so a client-bound run shows;
+  (c) the anchor: rLLM's ``examples/strands/rag/rag_server.py`` (commit 94676225) given by
+      ``--anchor PATH``, run from a scratch folder outside the repo with its encoder pointed at the
+      offline MiniLM and its data directory linked to the same index and corpus; skipped with a
+      message when no path is given.
+
+wrk comes from the Debian package (``apt-get install -y wrk``); where it cannot be had the HTTP
+levels are skipped with a message and only the ceiling is measured.
 
 The corpus is synthetic: N passages, each a HotpotQA title plus two HotpotQA sentences. With the
 default ``--vectors sentence-mix`` every distinct sentence is encoded once with MiniLM and a
@@ -20,27 +25,25 @@ passage's vector is the normalised sum of its sentences' vectors, so 100k passag
 minute instead of ~25 minutes; search cost (N x 384 flat inner product) and query encoding are
 exactly those of a fully encoded index. ``--vectors encode`` encodes every passage through
 ``rag.build_index``. Both are cached under ``.cache/rag/bench-*``.
-
-The load generator speaks HTTP/1.1 over raw asyncio streams (one keep-alive connection per
-concurrent client) so that it costs the server's CPU as little as possible.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
 import os
 import random
-import re
+import resource
+import shutil
 import signal
+import tempfile
 import socket
 import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -225,33 +228,34 @@ class RawCeiling:
         raw["single_ms"] = min(raw["single_ms"], single)
 
 
-# ----------------------------------------------------------------------------- (b) load over HTTP
-class _Conn:
-    """One keep-alive HTTP/1.1 connection that POSTs JSON and reads a Content-Length answer."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.host, self.port = host, port
-
-    async def open(self) -> _Conn:
-        self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-        self.writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return self
-
-    async def post(self, path: bytes, body: bytes) -> tuple[int, bytes]:
-        self.writer.write(b"POST %s HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
-                          b"content-length: %d\r\n\r\n%s" % (path, len(body), body))
-        head = await self.reader.readuntil(b"\r\n\r\n")
-        status = int(head[9:12])
-        match = re.search(rb"(?i)content-length:\s*(\d+)", head)
-        payload = await self.reader.readexactly(int(match.group(1))) if match else b""
-        return status, payload
-
-    def close(self) -> None:
-        self.writer.close()
+# ----------------------------------------------------------------------------- (b, c) servers under wrk
+_WRK_LUA = r"""
+-- Posts the bodies of a file (one JSON body per line) in order, each once; stops the thread when they run out.
+local bodies, i, exhausted = {}, 0, false
+function init(args)
+  for line in io.lines(args[1]) do bodies[#bodies + 1] = line end
+end
+function request()
+  i = i + 1
+  if i > #bodies then exhausted = true; i = #bodies end
+  return wrk.format("POST", wrk.path, {["Content-Type"] = "application/json"}, bodies[i])
+end
+function response(status, headers, body)
+  if exhausted then wrk.thread:stop() end
+end
+function done(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format('WRKJSON {"requests": %d, "duration_us": %d, "connect": %d, "read": %d, "write": %d, ' ..
+    '"status": %d, "timeout": %d, "p50": %d, "p95": %d, "p99": %d, "exhausted": %s}\n',
+    summary.requests, summary.duration, e.connect, e.read, e.write, e.status, e.timeout,
+    latency:percentile(50), latency:percentile(95), latency:percentile(99), tostring(exhausted)))
+end
+"""
 
 
 @dataclass
 class LevelResult:
+    system: str
     mix: str
     concurrency: int
     requests: int
@@ -262,90 +266,27 @@ class LevelResult:
     p99_ms: float
     errors: int
     mean_batch: float
-    adjacent_raw: float  # distinct: raw q/s at the best batch, or (c=1) lone-query ms, measured just before and after
-    server_cpu_ms: float
-    client_cpu_ms: float
-    error_samples: list[str] = field(default_factory=list)
+    server_cpu_ms: float  # server CPU per answered request
+    client_cpu_share: float  # the load generator's CPU time / wall time (1.0 = one whole core)
+    note: str = ""
 
 
-async def _run_level(host: str, port: int, stream: list[str], concurrency: int, top_k: int = 3
-                     ) -> tuple[float, list[float], list[str]]:
-    conns = [await _Conn(host, port).open() for _ in range(concurrency)]
-    bodies = [json.dumps({"query": q, "top_k": top_k}).encode() for q in stream]
-    latencies: list[float] = []
-    errors: list[str] = []
-    cursor = 0
-
-    async def worker(conn: _Conn) -> None:
-        nonlocal cursor
-        while cursor < len(bodies):
-            body = bodies[cursor]
-            cursor += 1
-            t = time.perf_counter()
-            try:
-                status, payload = await conn.post(b"/retrieve", body)
-            except (OSError, asyncio.IncompleteReadError) as e:
-                errors.append(repr(e))
-                return
-            if status == 200:
-                latencies.append(time.perf_counter() - t)
-            else:
-                errors.append(f"HTTP {status}: {payload[:200]!r}")
-
-    start = time.perf_counter()
-    await asyncio.gather(*(worker(c) for c in conns))
-    elapsed = time.perf_counter() - start
-    for c in conns:
-        c.close()
-    return elapsed, latencies, errors
-
-
-def _metrics(host: str, port: int) -> dict[str, Any]:
-    import httpx
-
-    return httpx.get(f"http://{host}:{port}/metrics", timeout=10).json()
-
-
-def _pct(values: list[float], q: float) -> float:
-    return float(np.percentile(values, q) * 1e3) if values else float("nan")
+def _wrk_binary() -> str | None:
+    """wrk on PATH, installing the Debian package when we are root and apt-get exists; None if it cannot be had."""
+    found = shutil.which("wrk")
+    if found or os.geteuid() != 0 or shutil.which("apt-get") is None:
+        return found
+    logger.info("wrk is missing: installing the Debian package")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "wrk"]):
+        if subprocess.run(cmd, env=env, capture_output=True, timeout=600).returncode != 0:
+            return None
+    return shutil.which("wrk")
 
 
 def _cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def run_level(host: str, port: int, mix: str, concurrency: int, n: int, queries: QuerySource, server_pid: int,
-              raw: RawCeiling | None = None, best_batch: int = 64) -> LevelResult:
-    if mix == "distinct":
-        stream = queries.take(n)
-    else:  # each query 8 times in a row: the 8 copies are in flight together (an RL group's n rollouts)
-        stream = [q for q in queries.take(-(-n // RL_REPEATS)) for _ in range(RL_REPEATS)][:n]
-    def adjacent() -> float:
-        if raw is None or mix != "distinct":
-            return float("nan")
-        if concurrency == 1:
-            return raw.lone_query_ms(queries.take(20))
-        return raw._run(queries.take(max(2 * best_batch, 128)), best_batch)[0]
-
-    raw_before = adjacent()
-    before = _metrics(host, port)["batches"]
-    server_cpu, client_cpu = _cpu_seconds(server_pid), time.process_time()
-    elapsed, latencies, errors = asyncio.run(_run_level(host, port, stream, concurrency))
-    server_cpu, client_cpu = _cpu_seconds(server_pid) - server_cpu, time.process_time() - client_cpu
-    after = _metrics(host, port)["batches"]
-    raw_after = adjacent()
-    computed = after["mean_size"] * after["count"] - before["mean_size"] * before["count"]
-    batches = after["count"] - before["count"]
-    result = LevelResult(mix, concurrency, len(stream), elapsed, len(latencies) / elapsed, _pct(latencies, 50),
-                         _pct(latencies, 95), _pct(latencies, 99), len(errors),
-                         round(computed / batches, 1) if batches else 0.0, (raw_before + raw_after) / 2,
-                         server_cpu / len(stream) * 1e3,
-                         client_cpu / len(stream) * 1e3, errors[:3])
-    logger.info("%s c=%d: %.1f q/s p50 %.1f ms p99 %.1f ms errors %d mean batch %.1f, CPU ms/query server %.2f "
-                "client %.2f", mix, concurrency, result.qps, result.p50_ms, result.p99_ms, result.errors,
-                result.mean_batch, result.server_cpu_ms, result.client_cpu_ms)
-    return result
 
 
 def _free_port() -> int:
@@ -354,78 +295,225 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(index_dir: Path, port: int, max_batch_size: int, threads: int | None, extra: list[str]
-                 ) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "rag.server", "--index-dir", str(index_dir), "--port", str(port),
-           "--max-batch-size", str(max_batch_size), "--log-level", "warning", *extra]
-    if threads:
-        cmd += ["--threads", str(threads)]
-    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+def _wait_healthy(proc: subprocess.Popen, port: int, what: str, timeout: float = 300) -> None:
     import httpx
 
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
+            raise RuntimeError(f"{what} exited with {proc.returncode}")
         try:
             if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return proc
+                return
         except httpx.TransportError:
             pass
         time.sleep(0.25)
     proc.kill()
-    raise RuntimeError("server did not become healthy in 300 s")
+    raise RuntimeError(f"{what} did not become healthy in {timeout:.0f} s")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+class _System:
+    """A server under test: how to start a fresh one, and its batch counters where it has them."""
+
+    name = ""
+
+    def start(self, port: int) -> subprocess.Popen:
+        raise NotImplementedError
+
+    def mean_batch(self, port: int) -> float:
+        return float("nan")
+
+
+class ThisServer(_System):
+    """``rag.server`` from this checkout, or from another one (``--baseline-repo``: a before/after in one run)."""
+
+    name = "this server"
+
+    def __init__(self, index_dir: Path, max_batch_size: int, threads: int | None, extra: list[str],
+                 repo: Path = REPO, name: str | None = None) -> None:
+        self.index_dir, self.max_batch_size, self.threads, self.extra = index_dir, max_batch_size, threads, extra
+        self.repo = repo
+        self.name = name or self.name
+
+    def start(self, port: int) -> subprocess.Popen:
+        cmd = [sys.executable, "-m", "rag.server", "--index-dir", str(self.index_dir), "--port", str(port),
+               "--max-batch-size", str(self.max_batch_size), "--log-level", "warning", *self.extra]
+        if self.threads:
+            cmd += ["--threads", str(self.threads)]
+        return subprocess.Popen(cmd, cwd=self.repo, env={**os.environ, "PYTHONPATH": str(self.repo)},
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def mean_batch(self, port: int) -> float:
+        import httpx
+
+        b = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).json()["batches"]
+        return float(b["mean_size"])
+
+
+class Anchor(_System):
+    """rLLM's ``rag_server.py`` run from a scratch folder, encoder pointed at the offline MiniLM."""
+
+    name = "rLLM rag_server.py"
+
+    def __init__(self, source: Path, index_dir: Path, batch_timeout: float, max_batch_size: int) -> None:
+        from rag.encoder import MINILM, resolve_encoder
+
+        self.dir = Path(tempfile.mkdtemp(prefix="rag-anchor-"))
+        code = source.read_text(encoding="utf-8")
+        target = 'SentenceTransformer("intfloat/e5-base-v2"'
+        if target not in code:
+            raise ValueError(f"{source} does not load intfloat/e5-base-v2 as expected; is it commit 94676225?")
+        (self.dir / "rag_server.py").write_text(code.replace(target, f"SentenceTransformer({resolve_encoder(MINILM)!r}"))
+        data = self.dir / "data"
+        data.mkdir()
+        m = Manifest.load(index_dir)
+        (data / "corpus.json").symlink_to(m.path(index_dir, m.corpus_file))
+        (data / "e5_Flat.index").symlink_to(m.path(index_dir, m.index_file))
+        self.args = ["--data_dir", str(data), "--no_gpu", "--embedding_device", "cpu",
+                     "--batch_timeout", str(batch_timeout), "--max_batch_size", str(max_batch_size)]
+        self.name = f"rLLM rag_server.py ({batch_timeout * 1e3:.0f} ms window, batch {max_batch_size})"
+
+    def start(self, port: int) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "rag_server.py", *self.args, "--port", str(port)], cwd=self.dir,
+                                env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def close(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _bodies(queries: QuerySource, mix: str, n: int, top_k: int = 3) -> list[str]:
+    if mix == "distinct":
+        return [json.dumps({"query": q, "top_k": top_k}) for q in queries.take(n)]
+    groups = queries.take(-(-n // RL_REPEATS))  # RL: the 8 rollouts of a group ask the same question together
+    return [json.dumps({"query": q, "top_k": top_k}) for q in groups for _ in range(RL_REPEATS)][:n]
+
+
+def run_level(wrk: str, system: _System, mix: str, concurrency: int, duration: float, pool: int,
+              queries: QuerySource) -> LevelResult:
+    """A fresh server, a short distinct warm-up, then ``wrk`` for ``duration`` s at ``concurrency`` connections."""
+    import httpx
+
+    port = _free_port()
+    proc = system.start(port)
+    workdir = Path(tempfile.mkdtemp(prefix="rag-wrk-"))
+    try:
+        _wait_healthy(proc, port, system.name)
+        for q in queries.take(4):
+            httpx.post(f"http://127.0.0.1:{port}/retrieve", json={"query": q, "top_k": 3}, timeout=60)
+        (workdir / "bench.lua").write_text(_WRK_LUA)
+        (workdir / "bodies.txt").write_text("\n".join(_bodies(queries, mix, pool)) + "\n")
+        batch_before = system.mean_batch(port)
+        server_cpu = _cpu_seconds(proc.pid)
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t = time.perf_counter()
+        out = subprocess.run([wrk, "-t1", f"-c{concurrency}", f"-d{duration:g}s", "--timeout", "60s",
+                              "-s", str(workdir / "bench.lua"), f"http://127.0.0.1:{port}/retrieve", "--",
+                              str(workdir / "bodies.txt")], capture_output=True, text=True,
+                             timeout=duration + 120)
+        wall = time.perf_counter() - t
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        server_cpu = _cpu_seconds(proc.pid) - server_cpu
+        mean_batch = system.mean_batch(port)
+        del batch_before
+    finally:
+        _stop(proc)
+        shutil.rmtree(workdir, ignore_errors=True)
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("WRKJSON ")), None)
+    if line is None:
+        raise RuntimeError(f"wrk printed no summary: {out.stdout[-500:]} {out.stderr[-500:]}")
+    w = json.loads(line[len("WRKJSON "):])
+    seconds = w["duration_us"] / 1e6
+    errors = w["connect"] + w["read"] + w["write"] + w["status"] + w["timeout"]
+    client_cpu = (after.ru_utime - children.ru_utime) + (after.ru_stime - children.ru_stime)
+    result = LevelResult(system.name, mix, concurrency, w["requests"], seconds, (w["requests"] - w["status"]) / seconds,
+                         w["p50"] / 1e3, w["p95"] / 1e3, w["p99"] / 1e3, errors, mean_batch,
+                         server_cpu / max(1, w["requests"]) * 1e3, client_cpu / wall,
+                         "bodies ran out; raise --pool" if w["exhausted"] else "")
+    logger.info("%s %s c=%d: %.1f q/s p50 %.1f ms p99 %.1f ms errors %d mean batch %.1f server CPU %.2f ms/q, "
+                "wrk CPU %.0f%% of a core", system.name, mix, concurrency, result.qps, result.p50_ms, result.p99_ms,
+                errors, mean_batch, result.server_cpu_ms, 100 * result.client_cpu_share)
+    return result
 
 
 # ----------------------------------------------------------------------------- report
-def report(raw: dict[str, Any], levels: list[LevelResult], memory: dict[str, float], args: argparse.Namespace
+def report(raw: dict[str, Any], levels: list[LevelResult], memory: dict[str, float], load: str
            ) -> tuple[str, list[str]]:
     ceiling = raw["ceiling_qps"]
-    distinct = {r.concurrency: r for r in levels if r.mix == "distinct"}
+    ours = {(r.mix, r.concurrency): r for r in levels if r.system == "this server"}
+    anchor = {(r.mix, r.concurrency): r for r in levels if r.system.startswith("rLLM")}
+    anchor_name = next((r.system for r in levels if r.system.startswith("rLLM")), "anchor (not run)")
+    base = {(r.mix, r.concurrency): r for r in levels if r.system.startswith("baseline")}
+    base_name = next((r.system for r in levels if r.system.startswith("baseline")), None)
     lines = [
-        f"Raw ceiling (in-process encode + search, batch {raw['best_batch']}, the better of before and after the "
-        f"server runs): **{ceiling:.1f} q/s** ({raw['cpu_ms_per_query']:.2f} CPU ms/query); one lone query: "
-        f"**{raw['single_ms']:.1f} ms** (median, the better of before and after). \"adjacent\" re-measures the "
-        "raw figure right before and after each distinct level (their mean), which cancels slow load drift "
-        "on a shared machine.",
+        f"In-process ceiling (encode + search, batch {raw['best_batch']}, the higher of before and after the "
+        f"servers ran): **{ceiling:.1f} q/s**; one lone query: **{raw['single_ms']:.1f} ms** (median). "
+        f"Machine load (1-min average) at start / end: {load}.",
         "",
-        "| queries | concurrency | q/s | vs ceiling | vs adjacent raw | p50 ms | p95 ms | p99 ms "
-        "| p50 vs lone raw query | vs distinct | mean batch | server CPU ms/q | errors |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| queries | c | {anchor_name} q/s | this server q/s | vs ceiling | vs anchor | p50 ms (anchor / this) "
+        "| p99 ms this | mean batch | server CPU ms/q | wrk CPU (share of a core) | errors (anchor / this) |"
+        + (f" {base_name} q/s | vs baseline |" if base_name else ""),
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if base_name else ""),
     ]
-    for r in levels:
-        d = distinct[r.concurrency]
-        vs_distinct = f"{r.qps / d.qps:.2f}x" if r.mix != "distinct" else ""
-        if r.mix != "distinct":
-            adjacent = ""
-        elif r.concurrency == 1:
-            adjacent = f"p50 {r.p50_ms / r.adjacent_raw:.2f}x of {r.adjacent_raw:.1f} ms"
-        else:
-            adjacent = f"{r.qps / r.adjacent_raw:.0%} of {r.adjacent_raw:.1f}"
-        lone = f"{r.p50_ms / raw['single_ms']:.2f}x" if r.mix == "distinct" else ""
-        lines.append(f"| {r.mix} | {r.concurrency} | {r.qps:.1f} | {r.qps / ceiling:.0%} | {adjacent} | "
-                     f"{r.p50_ms:.1f} | {r.p95_ms:.1f} | {r.p99_ms:.1f} | {lone} | {vs_distinct} | "
-                     f"{r.mean_batch} | {r.server_cpu_ms:.2f} | {r.errors} |")
-    checks = []
-    top, low = max(distinct), min(distinct)
-    t = distinct[top]
-    checks.append((f"distinct c={top} >= 85% of raw", t.qps / t.adjacent_raw >= 0.85,
-                   f"{t.qps / t.adjacent_raw:.0%} of adjacent raw ({t.qps / ceiling:.0%} of the run's best ceiling)"))
-    lo = distinct[low]
-    checks.append((f"c={low} p50 <= 1.5x lone raw query",
-                   lo.p50_ms <= 1.5 * lo.adjacent_raw,
-                   f"{lo.p50_ms / lo.adjacent_raw:.2f}x of the adjacent lone query "
-                   f"({lo.p50_ms / raw['single_ms']:.2f}x of the run's best)"))
-    for r in levels:
-        if r.mix == "rl-mix" and r.concurrency == top:
-            ratio = r.qps / distinct[r.concurrency].qps
-            checks.append((f"rl-mix c={top} >= 3x distinct", ratio >= 3, f"{ratio:.2f}x"))
-    checks.append(("zero errors", all(r.errors == 0 for r in levels), str(sum(r.errors for r in levels))))
-    verdicts = [f"{'PASS' if ok else 'FAIL'}  {name}: {value}" for name, ok, value in checks]
-    lines += ["", "Raw sweep (q/s by batch size): "
+    for (mix, c), r in sorted(ours.items(), key=lambda kv: (kv[0][0] != "distinct", kv[0][1])):
+        a = anchor.get((mix, c))
+        a_qps = f"{a.qps:.1f}" if a else "-"
+        vs_a = f"{r.qps / a.qps:.2f}x" if a and a.qps else "-"
+        a_p50 = f"{a.p50_ms:.0f}" if a else "-"
+        a_err = str(a.errors) if a else "-"
+        lines.append(f"| {mix} | {c} | {a_qps} | {r.qps:.1f} | {r.qps / ceiling:.0%} | {vs_a} | {a_p50} / "
+                     f"{r.p50_ms:.0f} | {r.p99_ms:.0f} | {r.mean_batch:.1f} | {r.server_cpu_ms:.2f} | "
+                     f"{r.client_cpu_share:.0%} | {a_err} / {r.errors} |"
+                     + (_base_cells(base.get((mix, c)), r) if base_name else "")
+                     + (f" {r.note}" if r.note else ""))
+    checks: list[tuple[str, bool | None, str]] = []
+    for c in (256, 512):
+        r = ours.get(("distinct", c))
+        if r is None:
+            continue
+        checks.append((f"distinct c={c} >= 85% of ceiling", r.qps >= 0.85 * ceiling, f"{r.qps / ceiling:.0%}"))
+        a = anchor.get(("distinct", c))
+        checks.append((f"distinct c={c} >= 1.15x anchor", (r.qps >= 1.15 * a.qps) if a else None,
+                       f"{r.qps / a.qps:.2f}x" if a else "anchor not run"))
+    r = ours.get(("distinct", 1))
+    if r is not None:
+        checks.append(("c=1 p50 <= 1.2x one raw query", r.p50_ms <= 1.2 * raw["single_ms"],
+                       f"{r.p50_ms / raw['single_ms']:.2f}x of {raw['single_ms']:.1f} ms"))
+    for c in (16, 64):
+        r, a = ours.get(("distinct", c)), anchor.get(("distinct", c))
+        if r is not None:
+            checks.append((f"distinct c={c} ahead of anchor", (r.qps > a.qps) if a else None,
+                           f"{r.qps / a.qps:.2f}x" if a else "anchor not run"))
+    r, d = ours.get(("rl-mix", 256)), ours.get(("distinct", 256))
+    if r is not None and d is not None:
+        checks.append(("rl-mix c=256 >= 6x distinct c=256", r.qps >= 6 * d.qps, f"{r.qps / d.qps:.2f}x"))
+    if ours:
+        checks.append(("zero errors (this server)", all(r.errors == 0 for r in ours.values()),
+                       str(sum(r.errors for r in ours.values()))))
+    verdicts = [f"{'PASS' if ok else 'FAIL' if ok is False else 'SKIP'}  {name}: {value}" for name, ok, value in checks]
+    lines += ["", "Ceiling sweep (q/s by batch size): "
               + ", ".join(f"{bs}: {q:.1f}" for bs, q in raw["sweep_qps"].items()),
               f"Corpus memory: {memory}"]
     return "\n".join(lines), verdicts
+
+
+def _base_cells(b: LevelResult | None, r: LevelResult) -> str:
+    if b is None:
+        return " - | - |"
+    return f" {b.qps:.1f} (errors {b.errors}) | {r.qps / b.qps:.2f}x |"
+
+
+def _load() -> str:
+    return f"{os.getloadavg()[0]:.2f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -433,47 +521,78 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--passages", type=int, default=100_000)
     p.add_argument("--vectors", choices=["sentence-mix", "encode"], default="sentence-mix")
-    p.add_argument("--concurrency", default="1,16,64,256")
-    p.add_argument("--batch-sizes", default="16,32,64,128,256", help="raw-ceiling sweep")
-    p.add_argument("--requests-scale", type=float, default=1.0,
-                   help="requests per level = scale x max(120, 8 x concurrency)")
+    p.add_argument("--concurrency", default="1,16,64,256,512")
+    p.add_argument("--rl-concurrency", default="256", help="levels at which the RL mix is also run")
+    p.add_argument("--duration", type=float, default=15.0, help="seconds of wrk load per level")
+    p.add_argument("--pool", type=int, default=None, help="request bodies per level (default: enough for 12x the "
+                   "ceiling for the whole duration)")
+    p.add_argument("--batch-sizes", default="16,32,64,128,256", help="ceiling sweep")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for encoder and FAISS (default: all)")
     p.add_argument("--cache-dir", default=str(REPO / ".cache" / "rag"))
     p.add_argument("--out", default=None, help="write the results as JSON here")
     p.add_argument("--server-arg", action="append", default=[], help="extra rag.server argument (repeatable)")
+    p.add_argument("--anchor", default=None, help="path to rLLM's examples/strands/rag/rag_server.py (commit "
+                   "94676225), kept outside this repo; without it the anchor column is skipped")
+    p.add_argument("--anchor-window", type=float, default=0.2, help="anchor --batch_timeout (s)")
+    p.add_argument("--anchor-batch", type=int, default=256, help="anchor --max_batch_size")
+    p.add_argument("--baseline-repo", default=None, help="also run rag.server from this other checkout "
+                   "(e.g. a git worktree of an older commit), as a before/after column")
+    p.add_argument("--skip-servers", action="store_true", help="measure the ceiling only")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    load_start = _load()
 
     index_dir = build_bench_index(args.passages, args.vectors, Path(args.cache_dir))
     memory = measure_corpus_memory(index_dir)
     queries = QuerySource()
-    levels_c = [int(c) for c in args.concurrency.split(",")]
     ceiling = RawCeiling(index_dir, args.threads)
-    min_queries = int(512 * args.requests_scale)
+    min_queries = 512
     raw = ceiling.sweep(queries, [int(b) for b in args.batch_sizes.split(",")], min_queries)
+    pool = args.pool or int(raw["ceiling_qps"] * 12 * args.duration) + 2000
 
-    port = _free_port()
-    server = start_server(index_dir, port, raw["best_batch"], args.threads, args.server_arg)
+    systems: list[_System] = []
+    messages: list[str] = []
+    wrk = None if args.skip_servers else _wrk_binary()
+    if args.skip_servers:
+        messages.append("servers skipped (--skip-servers)")
+    elif wrk is None:
+        messages.append("SKIPPED the server levels: wrk is not installed and could not be installed "
+                        "(apt-get install -y wrk); only the ceiling was measured")
+    else:
+        systems.append(ThisServer(index_dir, raw["best_batch"], args.threads, args.server_arg))
+        if args.baseline_repo:
+            systems.append(ThisServer(index_dir, raw["best_batch"], args.threads, [], Path(args.baseline_repo),
+                                      f"baseline ({Path(args.baseline_repo).name})"))
+        if args.anchor:
+            systems.append(Anchor(Path(args.anchor), index_dir, args.anchor_window, args.anchor_batch))
+        else:
+            messages.append("anchor column SKIPPED: no --anchor PATH to rLLM's examples/strands/rag/rag_server.py "
+                            "(commit 94676225; keep it in a scratch folder outside this repo)")
+    for m in messages:
+        logger.warning(m)
+    levels: list[LevelResult] = []
+    rl_levels = {int(c) for c in args.rl_concurrency.split(",") if c}
     try:
-        asyncio.run(_run_level("127.0.0.1", port, queries.take(64), 16))  # warm-up
-        levels = []
-        for c in levels_c:
-            n = int(args.requests_scale * max(120, 8 * c))
-            for mix in ("distinct", "rl-mix"):
-                levels.append(run_level("127.0.0.1", port, mix, c, n, queries, server.pid, ceiling,
-                                        raw["best_batch"]))
+        for c in [int(c) for c in args.concurrency.split(",")]:
+            for mix in ("distinct", "rl-mix") if c in rl_levels else ("distinct",):
+                for system in systems:
+                    levels.append(run_level(wrk, system, mix, c, args.duration, pool, queries))
     finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(timeout=60)
+        for system in systems:
+            if isinstance(system, Anchor):
+                system.close()
     ceiling.recheck(raw, queries, min_queries)
-    table, verdicts = report(raw, levels, memory, args)
-    print("\n" + table + "\n\n" + "\n".join(verdicts))
+    load = f"{load_start} / {_load()}"
+    table, verdicts = report(raw, levels, memory, load)
+    print("\n" + table + "\n\n" + "\n".join(verdicts + messages))
     print(f"\ncommand: python scripts/bench_rag.py {' '.join(argv if argv is not None else sys.argv[1:])}")
     if args.out:
         Path(args.out).write_text(json.dumps({"raw": raw, "levels": [asdict(r) for r in levels], "memory": memory,
-                                             "verdicts": verdicts, "args": vars(args)}, indent=2))
-    return 0 if all(v.startswith("PASS") for v in verdicts) else 1
+                                             "verdicts": verdicts, "messages": messages, "load": load,
+                                             "args": vars(args)}, indent=2))
+    return 0 if all(not v.startswith("FAIL") for v in verdicts) else 1
 
 
 if __name__ == "__main__":
