@@ -1,7 +1,8 @@
 """FAISS indexes: build flat / IVF / HNSW on CPU, and serve on CPU, one GPU, or sharded across GPUs.
 
-GPU use needs the faiss-gpu build; with ``faiss-cpu`` alone (or no visible GPU) the index stays on
-the CPU and one log line says why.
+GPU use goes through faiss-gpu where it loads; without it a flat index still goes to the GPUs
+through ``rag.torch_search`` (exact search in torch, fp16, sharded) when CUDA torch sees them.
+With neither (or no visible GPU) the index stays on the CPU and one log line says why.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from rag.manifest import IndexType, Metric
 logger = logging.getLogger(__name__)
 
 Device = Literal["auto", "cpu", "gpu"]
+SearchBackend = Literal["auto", "faiss", "torch"]
 
 
 def _faiss() -> Any:
@@ -48,6 +50,9 @@ class IndexOptions:
         nprobe: IVF lists probed per query.
         ef_search: HNSW search breadth.
         threads: OpenMP threads FAISS uses on CPU; None keeps the default.
+        search_backend: ``auto`` (faiss-gpu if it loads, else torch for a flat index on GPU),
+            ``faiss`` (never torch), or ``torch`` (flat only; on ``device="cpu"`` it runs on CPU torch).
+        torch_chunk_mb: Memory budget of one query chunk's score matrix per shard (torch backend).
         blas_threshold: Query batches at least this large are scored with one BLAS matrix product
             on CPU. faiss-cpu 1.15 ships 128000, which scores every batch query by query and made
             a 64-query flat search over 100k passages ~8x slower here; None keeps FAISS's value.
@@ -61,17 +66,21 @@ class IndexOptions:
     nprobe: int | None = None
     ef_search: int | None = None
     threads: int | None = None
+    search_backend: SearchBackend = "auto"
+    torch_chunk_mb: int = 1024
     blas_threshold: int | None = 20
 
 
 class SearchIndex:
     """A loaded index plus where it lives; ``search`` is thread-safe for concurrent readers."""
 
-    def __init__(self, index: Any, *, kind: str, devices: list[str], metric: Metric = "ip") -> None:
+    def __init__(self, index: Any, *, kind: str, devices: list[str], metric: Metric = "ip",
+                 backend: str = "faiss") -> None:
         self._index = index
         self.kind = kind
         self.devices = devices
         self.metric = metric
+        self.backend = backend
 
     @property
     def ntotal(self) -> int:
@@ -85,7 +94,8 @@ class SearchIndex:
 
     def describe(self) -> dict[str, Any]:
         """For ``/health``: type, metric, size and devices."""
-        return {"type": self.kind, "metric": self.metric, "ntotal": self.ntotal, "devices": self.devices}
+        return {"type": self.kind, "metric": self.metric, "ntotal": self.ntotal, "devices": self.devices,
+                "backend": self.backend}
 
 
 def _gpu_count(faiss: Any) -> tuple[int, str | None]:
@@ -94,6 +104,26 @@ def _gpu_count(faiss: Any) -> tuple[int, str | None]:
         return 0, "this faiss build has no GPU support (install faiss-gpu to use GPUs)"
     n = int(faiss.get_num_gpus())
     return (n, None) if n else (0, "faiss-gpu sees no GPU")
+
+
+def _torch_devices(kind: str, opts: IndexOptions) -> tuple[list[str], str | None]:
+    """Devices for the torch flat search, or none and why."""
+    if kind != "flat":
+        return [], f"the torch search is exact flat search only, and this index is {kind}"
+    if opts.device == "cpu":
+        return (["cpu"], None) if opts.search_backend == "torch" else ([], "device is cpu")
+    try:
+        import torch
+    except ImportError:
+        return [], "torch is not installed"
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if n == 0:
+        return [], "torch sees no CUDA device"
+    gpus = opts.gpus if opts.gpus is not None else list(range(n))
+    bad = [g for g in gpus if not 0 <= g < n]
+    if bad:
+        raise ValueError(f"GPU ids {bad} are not visible (torch sees {n})")
+    return [f"cuda:{g}" for g in gpus], None
 
 
 def _to_gpu(faiss: Any, cpu_index: Any, kind: str, opts: IndexOptions, ngpu: int) -> tuple[Any, list[str]]:
@@ -148,6 +178,15 @@ def load_index(path: str | Path, kind: str = "flat", metric: Metric = "ip", opti
         cpu_index.nprobe = opts.nprobe
     if opts.ef_search is not None and hasattr(cpu_index, "hnsw"):
         cpu_index.hnsw.efSearch = opts.ef_search
+    if opts.search_backend == "torch" or (opts.search_backend == "auto" and opts.device != "cpu"):
+        torch_devices, why_not_torch = _torch_devices(kind, opts)
+        if torch_devices and (opts.search_backend == "torch" or _gpu_count(faiss)[0] == 0):
+            from rag.torch_search import from_faiss
+
+            index = from_faiss(cpu_index, metric, torch_devices, fp16=opts.fp16, chunk_mb=opts.torch_chunk_mb)
+            return SearchIndex(index, kind=kind, devices=torch_devices, metric=metric, backend="torch")
+        if opts.search_backend == "torch":
+            raise ValueError(f"search_backend='torch' cannot serve this index: {why_not_torch}")
     if opts.device != "cpu":
         ngpu, why_not = _gpu_count(faiss)
         if ngpu and kind == "hnsw":

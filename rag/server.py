@@ -435,6 +435,9 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--gpus", default=None, help="comma-separated GPU ids (default: all visible)")
     g.add_argument("--replicate", action="store_true", help="copy the index to every GPU instead of sharding it")
     g.add_argument("--no-fp16", action="store_true", help="keep float32 vectors on the GPU")
+    g.add_argument("--search-backend", choices=["auto", "faiss", "torch"], default="auto",
+                   help="auto: faiss-gpu where it loads, else torch exact flat search on the GPUs; torch forces it")
+    g.add_argument("--torch-chunk-mb", type=int, default=1024, help="torch search: score-matrix budget per chunk")
     g.add_argument("--temp-memory-mb", type=int, default=None, help="FAISS scratch memory per GPU")
     g.add_argument("--nprobe", type=int, default=None, help="IVF lists probed per query")
     g.add_argument("--ef-search", type=int, default=None, help="HNSW search breadth")
@@ -482,7 +485,8 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     options = IndexOptions(device=args.device, gpus=[int(g) for g in args.gpus.split(",")] if args.gpus else None,
                            shard=not args.replicate, fp16=not args.no_fp16, temp_memory_mb=args.temp_memory_mb,
-                           nprobe=args.nprobe, ef_search=args.ef_search, threads=args.threads)
+                           nprobe=args.nprobe, ef_search=args.ef_search, threads=args.threads,
+                           search_backend=args.search_backend, torch_chunk_mb=args.torch_chunk_mb)
     retriever = Retriever.load(args.index_dir, options, threads=args.threads, mmap_index=args.mmap_index)
     retriever.search(["warm-up query"], 1)
     token = args.token or token_from_env()

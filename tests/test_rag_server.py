@@ -212,7 +212,8 @@ def test_health_reports_corpus_index_encoder_and_batching(server: RetrievalServe
     health = httpx.get(f"{server.base_url}/health").json()
     assert health["status"] == "ok"
     assert health["corpus_size"] == CORPUS_SIZE
-    assert health["index"] == {"type": "flat", "metric": "ip", "ntotal": CORPUS_SIZE, "devices": ["cpu"]}
+    assert health["index"] == {"type": "flat", "metric": "ip", "ntotal": CORPUS_SIZE, "devices": ["cpu"],
+                               "backend": "faiss"}
     assert health["encoder"]["name"] == "sentence-transformers/all-MiniLM-L6-v2"
     assert health["encoder"]["dim"] == 384
     assert health["batching"]["max_batch_size"] == 128
