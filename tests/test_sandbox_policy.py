@@ -130,3 +130,14 @@ def test_the_guard_hook_looks_up_no_global_or_builtin_name(tmp_path: Path) -> No
         hook("open", (type("P", (), {"__fspath__": lambda self: "x"})(), "r", 0))
     hook("open", (str(tmp_path / "inside.txt"), "w", 0))
     hook("open", (str(Path(sys.prefix) / "lib"), "r", 0))
+
+
+def test_an_installation_under_tmp_is_bound_over_the_empty_tmp(tmp_path) -> None:
+    """A venv (or a checkout) under /tmp must stay visible: the empty /tmp is mounted before the binds."""
+    from rllm.tools._bwrap import bwrap_argv
+
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    argv = bwrap_argv("bwrap", work_dir=str(tmp_path / "work"), read_only=[str(venv)])
+    bind = next(i for i in range(len(argv) - 2) if argv[i : i + 3] == ["--ro-bind", str(venv), str(venv)])
+    assert argv.index("--tmpfs") < bind

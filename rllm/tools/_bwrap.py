@@ -67,13 +67,15 @@ def bwrap_argv(
             argv += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
             argv += ["--ro-bind", top, top]
+    # The empty /tmp comes before the binds, so a Python installation (a venv, say) or a work dir
+    # that lives under /tmp is bound on top of it instead of being hidden by it.
+    argv += ["--tmpfs", "/tmp"]
     etc = _ETC_FILES + (_ETC_NETWORK_FILES if allow_network else ())
     host_paths = [p for p in etc if os.path.exists(p)]
     host_paths += [os.path.realpath(p) for p in read_only if os.path.exists(p)]
     for path in _outermost(p for p in host_paths if not p.startswith("/usr/")):
         argv += ["--ro-bind", path, path]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-             "--bind", work_dir, work_dir, "--chdir", work_dir, "--"]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--bind", work_dir, work_dir, "--chdir", work_dir, "--"]
     return argv
 
 
