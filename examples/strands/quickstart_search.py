@@ -96,9 +96,10 @@ def main(argv: list[str] | None = None) -> int:
                   highlight=False)
     correct = sum(e.is_correct for e in episodes if not e.termination_reason.is_infrastructure_failure)
     reasons = ", ".join(f"{reason} {count}" for reason, count in report["termination_reasons"].items())
+    plumbing = "   (plumbing with random weights: the scores mean nothing)" if args.random_weights else ""
     console.print(f"accuracy (exact match): {correct}/{report['scored']} = {report['exact_match']:.3f}   "
                   f"F1 {report['f1']:.3f}   mean turns {report['mean_turns']:.1f}   "
-                  f"mean searches {report['mean_tool_calls']:.1f}", highlight=False)
+                  f"mean searches {report['mean_tool_calls']:.1f}{plumbing}", highlight=False)
     console.print(f"termination: {reasons}" + (f"; {report['infrastructure_failures']} infrastructure failure(s), "
                                                "not scored" if report["infrastructure_failures"] else ""),
                   highlight=False)

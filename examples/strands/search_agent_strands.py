@@ -64,6 +64,14 @@ class SetupError(RuntimeError):
     """A problem the user must fix (no model, no retrieval server); printed as a message, not a traceback."""
 
 
+class ModelUnreachableError(SetupError):
+    """A hub model could not be fetched (no hub access) and is not cached."""
+
+    def __init__(self, message: str, why: str) -> None:
+        super().__init__(message)
+        self.why = why
+
+
 # ---------------------------------------------------------------------------------------- model
 def _first_line(error: BaseException) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0].removeprefix("Got: ")
@@ -94,13 +102,14 @@ def resolve_model(name_or_path: str) -> str:
             why = "hub access is switched off (HF_HUB_OFFLINE=1)"
         else:
             why = f"the Hugging Face hub cannot be reached from this machine ({_first_line(error)})"
-        raise SetupError(
+        raise ModelUnreachableError(
             f"The model {name_or_path} could not be fetched: {why} and the model is not in the local cache "
             f"({os.environ.get('HF_HOME', '~/.cache/huggingface')}). Pass a local model directory with "
             f"--model PATH (a directory with config.json, the weights and the tokenizer, e.g. one saved by "
             f"save_pretrained or downloaded elsewhere with `hf download {name_or_path}`), or an "
             f"OpenAI-compatible endpoint with --base-url URL --model NAME, or add --scripted to watch the loop "
-            f"with a scripted model. A tiny random model for a smoke test: {TINY_MODEL_HINT}"
+            f"with a scripted model. A tiny random model for a smoke test: {TINY_MODEL_HINT}",
+            why,
         ) from None
     except (RepositoryNotFoundError, HFValidationError) as error:
         raise SetupError(f"--model {name_or_path}: not a model on the Hugging Face hub ({_first_line(error)})."
@@ -142,6 +151,8 @@ def rollout_engine(args: argparse.Namespace, model_path: str | None = None) -> I
     except (OSError, ValueError) as error:
         raise SetupError(f"--model {name}: could not load a causal LM and its tokenizer from {path} "
                          f"({_first_line(error)}).") from None
+    if getattr(args, "random_weights", False):
+        name = RANDOM_WEIGHTS_LABEL
     yield engine, f"{name} (transformers, {device})"
 
 
@@ -213,6 +224,19 @@ class RetrievalProcess:
         self.stop()
 
 
+RANDOM_WEIGHTS_LABEL = "random-weight Qwen3 (plumbing only: random weights, real Qwen tokenizer and chat template)"
+
+
+def _random_weight_fallback(args: argparse.Namespace, error: ModelUnreachableError, console: Console) -> str:
+    """Say in one line that the default model cannot be had, and build the small random-weight Qwen3 instead."""
+    from rllm.testing.tiny_models import build_random_qwen3_dir
+
+    console.print(f"{DEFAULT_MODEL} cannot be fetched: {error.why}. Running the same pipeline on a small "
+                  f"{RANDOM_WEIGHTS_LABEL}.", highlight=False)
+    args.random_weights = True
+    return str(build_random_qwen3_dir())
+
+
 @contextlib.contextmanager
 def model_and_retrieval(args: argparse.Namespace, log_path: Path, console: Console) -> Iterator[tuple[Any, str, str]]:
     """The rollout engine, its description and the retrieval URL, for the duration of a run.
@@ -221,14 +245,21 @@ def model_and_retrieval(args: argparse.Namespace, log_path: Path, console: Conso
     ``--retrieval-url`` names one) boots while the model loads, and is stopped on exit.
     """
     local = not (args.scripted or args.base_url)
-    model_path = resolve_model(args.model or DEFAULT_MODEL) if local else None
+    model_path = None
+    if local:
+        try:
+            model_path = resolve_model(args.model or DEFAULT_MODEL)
+        except ModelUnreachableError as error:
+            if args.model:
+                raise
+            model_path = _random_weight_fallback(args, error, console)
     with contextlib.ExitStack() as stack:
         server = None
         if not args.retrieval_url:
             console.print("[dim]retrieval: starting the embedded HotpotQA index (built once on first use) ...[/dim]")
             server = stack.enter_context(RetrievalProcess(log_path, index_dir=args.index_dir))
         started = time.perf_counter()
-        if local:
+        if local and not getattr(args, "random_weights", False):
             console.print(f"[dim]model: loading {args.model or DEFAULT_MODEL} ...[/dim]")
         engine, description = stack.enter_context(rollout_engine(args, model_path))
         url = args.retrieval_url
@@ -386,6 +417,7 @@ def check_model_arguments(parser: argparse.ArgumentParser, args: argparse.Namesp
         parser.error("--base-url needs --model NAME (the model name the endpoint serves)")
     if args.temperature is None:
         args.temperature = 0.0 if args.rollouts == 1 else 0.7
+    args.random_weights = False
 
 
 def _slug(text: str) -> str:

@@ -77,7 +77,8 @@ class QwenVocab(enum.Enum):
     """Qwen3.5 and Qwen3.6."""
 
 
-def _cache_root() -> Path:
+def cache_root() -> Path:
+    """Where rllm caches what it builds: ``$RLLM_CACHE_DIR``, else ``$HF_HOME/rllm``, else ``~/.cache/rllm``."""
     explicit = os.environ.get("RLLM_CACHE_DIR")
     if explicit:
         return Path(explicit)
@@ -156,7 +157,7 @@ def _build_tokenizer_object(spec: _VocabSpec) -> Tokenizer:
 
 def _tokenizer_file(vocab: QwenVocab) -> Path:
     """The cached ``tokenizer.json`` of ``vocab``, built on first use."""
-    path = _cache_root() / f"qwen-tokenizer-{vocab.name.lower()}-v{_BUILD_VERSION}" / "tokenizer.json"
+    path = cache_root() / f"qwen-tokenizer-{vocab.name.lower()}-v{_BUILD_VERSION}" / "tokenizer.json"
     if not path.is_file():
         started = time.perf_counter()
         tokenizer = _build_tokenizer_object(vocab.value)

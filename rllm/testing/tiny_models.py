@@ -232,3 +232,35 @@ def build_tiny_model_dir(out_dir: Path) -> Path:
     build_tiny_qwen3(tokenizer, out_dir=out_dir)
     logger.info("built tiny Qwen3 tokenizer+model in %s in %.2fs", out_dir, time.perf_counter() - start)
     return out_dir
+
+
+RANDOM_QWEN3_DIR_NAME = "random-qwen3-v1"
+"""Cache folder (under ``$RLLM_CACHE_DIR``) of ``build_random_qwen3_dir``'s default output; bumped when the build changes."""
+
+
+def build_random_qwen3_dir(out_dir: Path | None = None) -> Path:
+    """A small random-weight ``Qwen3ForCausalLM`` on Qwen's real tokenizer and Qwen3's real chat template.
+
+    For plumbing runs where no trained model can be had (no hub access): the tokens, template,
+    tool-call format and engine are the real ones, only the weights are random. The model stays
+    small (hidden 64, 2 layers) so a rollout runs in seconds on a few CPU cores. Built once into
+    ``out_dir`` (default ``$RLLM_CACHE_DIR/random-qwen3-v1``) and reused while its files are there.
+    """
+    from rllm.testing.chat_templates import FAMILIES
+    from rllm.testing.qwen_tokenizer import cache_root
+
+    out_dir = Path(out_dir) if out_dir is not None else cache_root() / RANDOM_QWEN3_DIR_NAME
+    if (out_dir / "config.json").is_file() and (out_dir / "model.safetensors").is_file():
+        return out_dir
+    start = time.perf_counter()
+    partial = out_dir.with_name(f"{out_dir.name}.partial")
+    partial.mkdir(parents=True, exist_ok=True)
+    build_tiny_qwen3(FAMILIES["qwen3"].tokenizer(), out_dir=partial)
+    if out_dir.exists():
+        import shutil
+
+        shutil.rmtree(out_dir)
+    partial.replace(out_dir)
+    logger.info("built a random-weight Qwen3 (real tokenizer and template) in %s in %.1fs", out_dir,
+                time.perf_counter() - start)
+    return out_dir
