@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from rllm.engine.rollout._retry import PerLoop, backoff_retrying
+from rllm.retry import PerLoop, backoff_retrying
 from rllm.errors import ConfigurationError, RLLMError, ToolBackendError
 
 logger = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ into a ``TraceStore`` from several threads and reports committed traces per seco
 
     python scripts/bench_proxy.py [--calls 300] [--store-traces 20000] [--json out.json]
 
-Needs the proxy environment (``python -m rllm.sdk.proxy install``).
+Needs the proxy environment (``python -m rllm.tracing.proxy install``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any
 
 import openai
 
-from rllm.sdk import Backend, ProxyConfig, ProxyProcess, TraceStore, get_chat_client, get_chat_client_async, session
+from rllm.tracing import Backend, ProxyConfig, ProxyProcess, TraceStore, get_chat_client, get_chat_client_async, session
 from rllm.testing.scripted_server import ScriptedOpenAIServer, ScriptedReply, ToyChatTokens
 
 MESSAGES = [{"role": "system", "content": "You are a search agent. " * 20},

@@ -28,8 +28,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rllm.data import hotpotqa_paragraphs, load_hotpotqa
-from rllm.integrations.verl.dataset import hf_to_hotpotqa, verl_rows, write_parquet
+from rllm.agents.search import search_verl_rows
+from rllm.data import hf_to_hotpotqa, hotpotqa_paragraphs, load_hotpotqa
+from rllm.integrations.verl.rows import write_parquet
 
 logger = logging.getLogger("prepare_hotpotqa")
 
@@ -68,7 +69,7 @@ def write_split(split: str, raw_rows: list[dict[str, Any]], out_dir: Path, agent
     """Write ``<split>.jsonl`` and ``<split>.parquet``; the parquet rows come from reading the JSONL back."""
     jsonl = write_jsonl(raw_rows, out_dir / f"{split}.jsonl")
     tasks = load_hotpotqa(jsonl)
-    parquet = write_parquet(verl_rows(tasks, split, agent_name=agent_name), out_dir / f"{split}.parquet")
+    parquet = write_parquet(search_verl_rows(tasks, split, agent_name=agent_name), out_dir / f"{split}.parquet")
     logger.info("%s: %d questions -> %s, %s", split, len(tasks), jsonl, parquet)
     return {"split": split, "questions": len(tasks), "jsonl": str(jsonl), "parquet": str(parquet)}
 

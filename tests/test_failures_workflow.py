@@ -21,7 +21,7 @@ from rag.client import make_local_search_tool
 from rag.retriever import Retriever
 from rag.server import ServerSettings
 from rag.testing import RetrievalServer, demo_index
-from rllm.engine.agent_workflow_engine import AgentWorkflowEngine, error_signature
+from rllm.workflows.agent_workflow_engine import AgentWorkflowEngine, error_signature
 from rllm.engine.rollout import OpenAIEngine
 from rllm.errors import InfrastructureFailureRateError, SystemicFailureError
 from rllm.integrations.strands import Budget
@@ -66,7 +66,7 @@ async def test_the_same_bug_in_three_rollouts_stops_the_run_and_keeps_every_epis
     out = tmp_path / "run.jsonl"
     engine = AgentWorkflowEngine(BuggyWorkflow, {}, None, n_parallel_tasks=2, output_path=out, progress=False)
 
-    with caplog.at_level("ERROR", logger="rllm.engine.agent_workflow_engine"):
+    with caplog.at_level("ERROR", logger="rllm.workflows.agent_workflow_engine"):
         with pytest.raises(SystemicFailureError) as info:
             await engine.execute_tasks(TASKS)
 

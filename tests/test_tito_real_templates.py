@@ -201,7 +201,7 @@ def test_a_template_that_cannot_be_rendered_incrementally_is_refused_at_build(fr
 async def test_a_template_error_mid_rollout_stops_a_workflow_run_and_keeps_the_episodes(tmp_path, tokenizers) -> None:
     """A tool answers with an image, which the text-only Qwen3 policy cannot take: every rollout hits
     the same ``UnsupportedContentError``; the run stops after three, each with its episode."""
-    from rllm.engine.agent_workflow_engine import AgentWorkflowEngine
+    from rllm.workflows.agent_workflow_engine import AgentWorkflowEngine
     from rllm.errors import SystemicFailureError
     from rllm.types import Episode, TerminationReason
     from rllm.workflows import StrandsWorkflow

@@ -362,7 +362,8 @@ async def test_aborted_generation_is_an_infrastructure_failure_excluded_from_the
     assert isinstance(kept, AgentLoopOutput) and set(kept.response_mask) == {0}
     from rllm.integrations.verl.reward import compute_score
 
-    scored = compute_score("hotpotqa", "ignored", GROUND_TRUTH, {**row()["extra_info"], **kept.extra_fields})
+    scored = compute_score("hotpotqa", "ignored", GROUND_TRUTH, {**row()["extra_info"], **kept.extra_fields},
+                           scorer="rllm.agents.search:score_search_answer")
     assert scored["score"] == 0.0
 
 

@@ -19,8 +19,8 @@ os.environ.setdefault("OTEL_SDK_DISABLED", "true")
 
 from rllm.agents.search import SEARCH_SYSTEM_PROMPT  # noqa: E402
 from rllm.data import SHIPPED_HOTPOTQA, hotpotqa_paragraphs, load_hotpotqa  # noqa: E402
-from rllm.integrations.verl.dataset import hf_to_hotpotqa  # noqa: E402
-from rllm.integrations.verl.reward import compute_score  # noqa: E402
+from rllm.data import hf_to_hotpotqa  # noqa: E402
+from rllm.integrations.verl.reward import compute_score as _compute_score  # noqa: E402
 from rllm.testing.tiny_models import build_tiny_tokenizer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -97,6 +97,10 @@ def test_download_fails_with_a_clear_message_offline(tmp_path: Path) -> None:
     assert "could not fetch hotpotqa/hotpot_qa (distractor, train) from the Hugging Face hub" in result.stderr
     assert "python scripts/prepare_hotpotqa.py --from-jsonl" in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+def compute_score(*args: Any, **kwargs: Any) -> dict[str, float]:
+    return _compute_score(*args, scorer="rllm.agents.search:score_search_answer", **kwargs)
 
 
 def _extra(**fields: Any) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from strands import tool
 
-from rllm.engine.agent_workflow_engine import AgentWorkflowEngine, summarize
+from rllm.workflows.agent_workflow_engine import AgentWorkflowEngine, summarize
 from rllm.engine.rollout import OpenAIEngine
 from rllm.integrations.strands import Budget
 from rllm.rewards import RewardSearchFn

@@ -37,7 +37,7 @@ from typing import Any
 import httpx
 
 from rllm.data.gaia import GAIA_LEVELS, load_gaia
-from rllm.engine.agent_workflow_engine import AgentWorkflowEngine
+from rllm.workflows.agent_workflow_engine import AgentWorkflowEngine
 from rllm.engine.rollout import OpenAIEngine, RolloutEngine
 from rllm.integrations.strands import Budget, StrandsAgent
 from rllm.rewards.gaia_reward import RewardGaiaFn, gaia_ground_truth

@@ -44,7 +44,7 @@ from rich.table import Table
 
 from rllm.agents.search import scripted_search_reply, search_workflow_args
 from rllm.data.hotpotqa import load_hotpotqa
-from rllm.engine.agent_workflow_engine import AgentWorkflowEngine
+from rllm.workflows.agent_workflow_engine import AgentWorkflowEngine
 from rllm.engine.rollout import OpenAIEngine
 from rllm.integrations.strands import Budget
 from rllm.types import Episode, TerminationReason

@@ -2,7 +2,7 @@
 
 The HotpotQA search agent is a plain ``strands.Agent`` with ``OpenAIModel`` (streaming) or
 ``NonStreamingOpenAIModel``; its only change is the client: ``get_chat_client_async`` tags each
-request with the session id. The proxy (its own environment, see ``python -m rllm.sdk.proxy
+request with the session id. The proxy (its own environment, see ``python -m rllm.tracing.proxy
 install``) records every call into SQLite; the rollout is then read back as an ordered
 ``Trajectory`` with exact token ids, merged into one token sequence when the prompts extend.
 
@@ -32,8 +32,8 @@ from rllm.agents.search import SEARCH_SYSTEM_PROMPT, format_question, scripted_s
 from rllm.data.hotpotqa import load_hotpotqa
 from rllm.integrations.strands import NonStreamingOpenAIModel
 from rllm.rewards.search_reward import RewardSearchFn
-from rllm.sdk import Backend, ProxyConfig, ProxyProcess, TraceStore, get_chat_client_async, load_trajectory, session
-from rllm.sdk.trajectory import SessionTrajectory
+from rllm.tracing import Backend, ProxyConfig, ProxyProcess, TraceStore, get_chat_client_async, load_trajectory, session
+from rllm.tracing.trajectory import SessionTrajectory
 from rllm.testing.scripted_server import ScriptedOpenAIServer, ToyChatTokens
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

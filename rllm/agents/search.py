@@ -1,7 +1,8 @@
 """The HotpotQA search agent: system prompt, the retrieval tool, the user message, the workflow set-up.
 
 The agent is a plain Strands agent with one tool, ``local_search`` (``rag.client``), bound to a
-retrieval server; ``search_workflow_args`` returns everything ``AgentWorkflowEngine`` needs to run it:
+retrieval server; ``search_workflow_args`` returns everything ``AgentWorkflowEngine`` needs to run it,
+``search_verl_rows`` the rows verl trains it on, ``score_search_answer`` verl's reward for it:
 
     engine = AgentWorkflowEngine(StrandsWorkflow, search_workflow_args("http://127.0.0.1:8000"), rollout_engine)
     episodes = await engine.execute_tasks(load_hotpotqa(limit=20))
@@ -15,9 +16,11 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from rllm.integrations.strands import Budget
+from rllm.integrations.verl.rows import AGENT_NAME, verl_row
 from rllm.rewards.search_reward import RewardSearchFn, normalize_answer
 
 SEARCH_SYSTEM_PROMPT = (
@@ -88,6 +91,31 @@ def search_workflow_args(
         "task_to_prompt": format_question,
         "model_kwargs": model_kwargs,
         "agent_kwargs": agent_kwargs,
+    }
+
+
+DATA_SOURCE = "hotpotqa"
+
+
+def search_verl_rows(tasks: Iterable[dict[str, Any]], split: str, *, agent_name: str = AGENT_NAME) -> list[dict[str, Any]]:
+    """verl rows for HotpotQA ``tasks`` with the search agent's system prompt and question format."""
+    return [
+        verl_row(index=index, split=split, system_prompt=SEARCH_SYSTEM_PROMPT, question=format_question(task),
+                 data_source=DATA_SOURCE, ground_truth=str(task["answer"]), agent_name=agent_name,
+                 extra_info={"id": str(task["id"]), "question": task["question"], "type": str(task.get("type") or ""),
+                             "level": str(task.get("level") or "")})
+        for index, task in enumerate(tasks)
+    ]
+
+
+def score_search_answer(task: dict[str, Any], final_answer: str, *, partial_credit: bool = False) -> dict[str, float]:
+    """verl's numbers for one final answer: ``score`` (the reward), ``correct``, ``f1`` and ``boxed`` (an answer found)."""
+    result = RewardSearchFn(partial_credit=partial_credit)(task, final_answer)
+    return {
+        "score": float(result.reward),
+        "correct": float(result.is_correct),
+        "f1": float(result.metadata.get("f1", 0.0)),
+        "boxed": float(result.metadata.get("extracted") is not None),
     }
 
 

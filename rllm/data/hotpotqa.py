@@ -62,3 +62,24 @@ def hotpotqa_paragraphs(path: str | Path | None = None) -> list[dict[str, str]]:
             seen[(title, text)] = None
             out.append({"id": str(len(out)), "title": title, "text": text})
     return out
+
+
+def hf_to_hotpotqa(row: dict[str, Any]) -> dict[str, Any]:
+    """A ``hotpotqa/hotpot_qa`` (datasets) row in the original HotpotQA JSON schema.
+
+    The Hugging Face copy stores ``supporting_facts`` and ``context`` as columns of lists
+    (``{"title": [...], "sent_id": [...]}``); the original files, which ``load_hotpotqa`` reads,
+    use ``[[title, sent_id], ...]`` and ``[[title, [sentence, ...]], ...]``.
+    """
+    facts = row.get("supporting_facts") or {"title": [], "sent_id": []}
+    context = row.get("context") or {"title": [], "sentences": []}
+    return {
+        "_id": str(row["id"]),
+        "question": row["question"],
+        "answer": row["answer"],
+        "type": row.get("type"),
+        "level": row.get("level"),
+        "supporting_facts": [[title, int(sent)] for title, sent in zip(facts["title"], facts["sent_id"], strict=True)],
+        "context": [[title, list(sentences)]
+                    for title, sentences in zip(context["title"], context["sentences"], strict=True)],
+    }

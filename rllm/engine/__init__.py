@@ -1,1 +1,1 @@
-"""Engines that run models (rollout) and, in later modules, many agents at once."""
+"""Rollout engines: the models behind agents, OpenAI-compatible or token-in/token-out (``rllm.engine.rollout``)."""

@@ -1,6 +1,7 @@
-"""Workflows: one task in, one ``Episode`` out, reusable across tasks via ``reset()``."""
+"""Workflows (one task in, one ``Episode`` out, reusable via ``reset()``) and the batch runner that pools them."""
 
+from rllm.workflows.agent_workflow_engine import AgentWorkflowEngine
 from rllm.workflows.base import Workflow
-from rllm.workflows.strands_workflow import StrandsWorkflow, final_answer_text
+from rllm.workflows.strands_workflow import StrandsWorkflow
 
-__all__ = ["StrandsWorkflow", "Workflow", "final_answer_text"]
+__all__ = ["AgentWorkflowEngine", "StrandsWorkflow", "Workflow"]

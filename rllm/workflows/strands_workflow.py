@@ -16,8 +16,9 @@ from typing import Any
 
 from rllm.engine.rollout.base import RolloutEngine
 from rllm.integrations.strands import Budget, RLLMModel, StrandsAgent, describe_failure, termination_reason_for
+from rllm.integrations.strands.rollout import final_answer_text, trajectory_metrics
 from rllm.rewards.base import RewardOutput
-from rllm.types import Episode, TerminationReason, Trajectory
+from rllm.types import Episode, TerminationReason
 from rllm.workflows.base import Workflow
 
 logger = logging.getLogger(__name__)
@@ -32,32 +33,6 @@ def default_task_to_prompt(task: dict[str, Any]) -> str:
         if isinstance(task.get(key), str):
             return task[key]
     raise KeyError(f"task {task.get('id', '?')} has no 'question', 'prompt' or 'problem'; pass task_to_prompt")
-
-
-def final_answer_text(trajectory: Trajectory) -> str:
-    """The model's final answer: the text of the last model call, unless that call asked for tools.
-
-    A run stopped by the budget right after a tool round has no final answer, so "" is returned
-    rather than the Strands stop notice or a tool result.
-    """
-    if not trajectory.steps:
-        return ""
-    last = trajectory.steps[-1]
-    if last.tool_calls:
-        return ""
-    return last.model_output.text
-
-
-def trajectory_metrics(trajectory: Trajectory) -> dict[str, float]:
-    """Turns, tool calls, refused tool calls and token counts of one trajectory."""
-    steps = trajectory.steps
-    return {
-        "turns": float(len(steps)),
-        "tool_calls": float(sum(len(step.tool_calls) for step in steps)),
-        "tool_errors": float(trajectory.num_tool_errors),
-        "prompt_tokens": float(sum(step.model_output.usage.get("prompt_tokens", 0) for step in steps)),
-        "completion_tokens": float(sum(step.model_output.usage.get("completion_tokens", 0) for step in steps)),
-    }
 
 
 class StrandsWorkflow(Workflow):

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from rllm.engine.rollout._retry import PerLoop, backoff_retrying
+from rllm.retry import PerLoop, backoff_retrying
 from rllm.engine.rollout.base import (
     ContextLengthExceededError,
     EngineRequestError,

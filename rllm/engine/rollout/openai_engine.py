@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import openai
 
-from rllm.engine.rollout._retry import PerLoop, backoff_retrying
+from rllm.retry import PerLoop, backoff_retrying
 from rllm.engine.rollout.base import (
     ContextLengthExceededError,
     EngineError,

@@ -1,10 +1,10 @@
-"""verl integration: a native verl agent loop for Strands agents, its reward function and data rows.
+"""verl adapter: a native verl agent loop for Strands agents, a reward function adapter and verl rows.
 
 Import ``rllm.integrations.verl.agent_loop`` for ``StrandsAgentLoop`` (it imports verl); the
-reward and dataset modules work without verl installed.
+reward and rows modules work without verl installed.
 """
 
-from rllm.integrations.verl.dataset import AGENT_NAME, DATA_SOURCE, hf_to_hotpotqa, hotpotqa_to_verl_row, verl_rows
 from rllm.integrations.verl.reward import compute_score
+from rllm.integrations.verl.rows import AGENT_NAME, verl_row, write_parquet
 
-__all__ = ["AGENT_NAME", "DATA_SOURCE", "compute_score", "hf_to_hotpotqa", "hotpotqa_to_verl_row", "verl_rows"]
+__all__ = ["AGENT_NAME", "compute_score", "verl_row", "write_parquet"]

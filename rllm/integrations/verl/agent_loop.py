@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import importlib
 import json
 import logging
 from collections.abc import Sequence
@@ -46,8 +45,9 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 
 from rllm.engine.rollout.verl_engine import ResponseBudgetExhaustedError, VerlEngine, VerlSession
 from rllm.integrations.strands import Budget, RLLMModel, StrandsAgent, describe_failure, termination_reason_for
+from rllm.integrations.strands.rollout import final_answer_text
+from rllm.integrations.verl._dotted import import_object
 from rllm.types import TerminationReason
-from rllm.workflows.strands_workflow import final_answer_text
 
 logger = logging.getLogger(__name__)
 
@@ -78,24 +78,11 @@ class RolloutOutcome:
     error: str = ""
 
 
-def _import_object(path: str) -> Any:
-    """The object named ``module:attr`` or ``module.attr``."""
-    module_name, sep, attr = path.partition(":")
-    if not sep:
-        module_name, _, attr = path.rpartition(".")
-    if not module_name or not attr:
-        raise ValueError(f"'{path}' is not a dotted path like 'package.module:name'")
-    try:
-        return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as error:
-        raise ImportError(f"cannot import '{path}': {error}") from error
-
-
 @functools.lru_cache(maxsize=16)
 def _cached_tools(factory: str, kwargs_json: str) -> tuple[Any, ...]:
     # Strands tools are stateless callables, so one set per worker process serves every rollout
     # (and keeps one connection pool per tool instead of one per trajectory).
-    return tuple(_import_object(factory)(**json.loads(kwargs_json)))
+    return tuple(import_object(factory)(**json.loads(kwargs_json)))
 
 
 def build_tools(factory: str, kwargs: dict[str, Any] | None = None) -> list[Any]:
@@ -149,8 +136,8 @@ class StrandsAgentLoop(AgentLoopBase):
     Args:
         tool_factory: ``module:function`` returning the agent's Strands tools.
         tool_kwargs: Keyword arguments for ``tool_factory`` (e.g. ``retrieval_url``).
-        system_prompt: Used when the row's prompt has no system message; ``None`` falls back to
-            ``rllm.agents.search.SEARCH_SYSTEM_PROMPT``.
+        system_prompt: Used when the row's prompt has no system message (a row without one and a
+            ``None`` here is refused).
         max_model_turns, max_tool_iterations, max_tool_calls: The episode ``Budget``.
         tool_parser: How tool calls are parsed from sampled text (``hermes`` for Qwen3).
         timeout_s: Wall-clock limit per rollout; a rollout that runs past it is an infrastructure
@@ -191,7 +178,7 @@ class StrandsAgentLoop(AgentLoopBase):
                              max_tool_calls=max_tool_calls)
         self.tool_parser = tool_parser
         self.timeout_s = timeout_s
-        self.infra_exceptions = tuple(_import_object(path) for path in _plain(infra_exceptions) or ())
+        self.infra_exceptions = tuple(import_object(path) for path in _plain(infra_exceptions) or ())
         self.prompt_length = int(self.rollout_config.prompt_length)
         self.response_length = int(self.rollout_config.response_length)
         self.context_length = int(self.rollout_config.get("max_model_len") or self.prompt_length + self.response_length)
@@ -220,12 +207,13 @@ class StrandsAgentLoop(AgentLoopBase):
                 return []
         return output
 
-    def _default_system_prompt(self) -> str:
+    def _system_prompt(self, from_row: str | None) -> str:
+        if from_row is not None:
+            return from_row
         if self.system_prompt is not None:
             return self.system_prompt
-        from rllm.agents.search import SEARCH_SYSTEM_PROMPT
-
-        return SEARCH_SYSTEM_PROMPT
+        raise ValueError("the row's prompt has no system message and the agent loop's system_prompt is null; "
+                         "write it into the rows (scripts/prepare_hotpotqa.py does) or set system_prompt")
 
     def build_engine(self, sampling_params: dict[str, Any]) -> VerlEngine:
         """The rollout's token engine over verl's server client, with verl's lengths and sampling."""
@@ -251,7 +239,7 @@ class StrandsAgentLoop(AgentLoopBase):
         agent = StrandsAgent(
             RLLMModel(engine),
             tools=build_tools(self.tool_factory, self.tool_kwargs),
-            system_prompt=system if system is not None else self._default_system_prompt(),
+            system_prompt=self._system_prompt(system),
             name=self.name,
             budget=self.budget,
             conversation_manager=NullConversationManager(),

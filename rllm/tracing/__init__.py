@@ -2,7 +2,7 @@
 
 ::
 
-    from rllm.sdk import ProxyProcess, ProxyConfig, Backend, session, get_chat_client_async, load_trajectory
+    from rllm.tracing import ProxyProcess, ProxyConfig, Backend, session, get_chat_client_async, load_trajectory
 
     with ProxyProcess(ProxyConfig([Backend("http://127.0.0.1:8000/v1", "Qwen/Qwen3-4B")], "traces.db")) as proxy:
         client = get_chat_client_async(proxy.base_url, proxy.api_key)
@@ -10,8 +10,8 @@
             ...  # any agent using `client` (e.g. Strands' OpenAIModel(client=client, model_id="policy"))
     print(load_trajectory(TraceStore("traces.db"), s.id).trajectory)
 
-Names are imported lazily so that the proxy's own environment, which loads ``rllm.sdk.store`` and
-``rllm.sdk.callback``, does not import the client side.
+Names are imported lazily so that the proxy's own environment, which loads ``rllm.tracing.store`` and
+``rllm.tracing.callback``, does not import the client side.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-# Imported eagerly (standard library only) so that ``rllm.sdk.session`` the function is not shadowed by
-# ``rllm.sdk.session`` the module once that module is loaded.
-from rllm.sdk.session import (
+# Imported eagerly (standard library only) so that ``rllm.tracing.session`` the function is not shadowed by
+# ``rllm.tracing.session`` the module once that module is loaded.
+from rllm.tracing.session import (
     NO_SESSION,
     SESSION_HEADER,
     ContextThreadPoolExecutor,
@@ -32,20 +32,20 @@ from rllm.sdk.session import (
 )
 
 _EXPORTS = {
-    "get_chat_client": "rllm.sdk.client",
-    "get_chat_client_async": "rllm.sdk.client",
-    "session_headers": "rllm.sdk.client",
-    "TraceStore": "rllm.sdk.store",
-    "StoreWriteError": "rllm.sdk.store",
-    "Backend": "rllm.sdk.proxy",
-    "ProxyConfig": "rllm.sdk.proxy",
-    "ProxyProcess": "rllm.sdk.proxy",
-    "ProxyError": "rllm.sdk.proxy",
-    "install_proxy_venv": "rllm.sdk.proxy",
-    "find_proxy_venv": "rllm.sdk.proxy",
-    "SessionTrajectory": "rllm.sdk.trajectory",
-    "trajectory_from_traces": "rllm.sdk.trajectory",
-    "load_trajectory": "rllm.sdk.trajectory",
+    "get_chat_client": "rllm.tracing.client",
+    "get_chat_client_async": "rllm.tracing.client",
+    "session_headers": "rllm.tracing.client",
+    "TraceStore": "rllm.tracing.store",
+    "StoreWriteError": "rllm.tracing.store",
+    "Backend": "rllm.tracing.proxy",
+    "ProxyConfig": "rllm.tracing.proxy",
+    "ProxyProcess": "rllm.tracing.proxy",
+    "ProxyError": "rllm.tracing.proxy",
+    "install_proxy_venv": "rllm.tracing.proxy",
+    "find_proxy_venv": "rllm.tracing.proxy",
+    "SessionTrajectory": "rllm.tracing.trajectory",
+    "trajectory_from_traces": "rllm.tracing.trajectory",
+    "load_trajectory": "rllm.tracing.trajectory",
 }
 
 __all__ = [
@@ -59,5 +59,5 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
-        raise AttributeError(f"module 'rllm.sdk' has no attribute {name!r}")
+        raise AttributeError(f"module 'rllm.tracing' has no attribute {name!r}")
     return getattr(importlib.import_module(module), name)

@@ -6,7 +6,7 @@ inside, including tasks it creates and threads started by ``asyncio.to_thread``;
 not copy the context themselves. Sessions nest: a child records its parent's id.
 
 Only the opaque session id travels with requests (in the ``x-rllm-session`` header, see
-``rllm.sdk.client``); the name and metadata stay in this process, and in the trace store when a
+``rllm.tracing.client``); the name and metadata stay in this process, and in the trace store when a
 ``store`` is given.
 
 Depends on the standard library only, so the proxy's environment can import the header names.
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 if TYPE_CHECKING:
-    from rllm.sdk.store import TraceStore
+    from rllm.tracing.store import TraceStore
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Traced OpenAI clients: every request carries the current session id in one header.
 
 The clients are plain ``openai.AsyncOpenAI`` / ``openai.OpenAI`` objects whose httpx client has a
-request hook that sets ``x-rllm-session`` from ``rllm.sdk.session.current_session()`` at send
+request hook that sets ``x-rllm-session`` from ``rllm.tracing.session.current_session()`` at send
 time (so retries and streamed calls are tagged too). Nothing else is added: no task data in the
 URL, the headers or the body. Pass one as ``client=`` to Strands' ``OpenAIModel`` or
 ``rllm.integrations.strands.NonStreamingOpenAIModel``.
@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import openai
 
-from rllm.sdk.session import SESSION_HEADER, current_session
+from rllm.tracing.session import SESSION_HEADER, current_session
 
 logger = logging.getLogger(__name__)
 

@@ -25,12 +25,12 @@ from typing import Any
 from fastapi import HTTPException
 from litellm.integrations.custom_logger import CustomLogger
 
-from rllm.sdk.backend import CAPTURED_KEY, rllm_metadata
-from rllm.sdk.records import make_trace
-from rllm.sdk.session import NO_SESSION, SESSION_HEADER, is_valid_session_id
-from rllm.sdk.store import TraceStore
+from rllm.tracing.backend import CAPTURED_KEY, rllm_metadata
+from rllm.tracing.records import make_trace
+from rllm.tracing.session import NO_SESSION, SESSION_HEADER, is_valid_session_id
+from rllm.tracing.store import TraceStore
 
-logger = logging.getLogger("rllm.sdk.capture")
+logger = logging.getLogger("rllm.tracing.capture")
 
 _CHAT_CALLS = frozenset({"completion", "acompletion"})
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rllm.sdk.store import StoreWriteError, TraceStore
+from rllm.tracing.store import StoreWriteError, TraceStore
 
 
 def _trace(session_id: str, seq: int, **extra: object) -> dict:

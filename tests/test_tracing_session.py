@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from rllm.sdk import (
+from rllm.tracing import (
     SESSION_HEADER,
     ContextThreadPoolExecutor,
     bind,
@@ -109,7 +109,7 @@ def test_sync_client_in_a_thread_pool_and_without_a_session(caplog: pytest.LogCa
         client = get_chat_client(srv.base_url, "k", http_client=_recording_client(httpx.Client, seen))
         with session("sync") as s, ContextThreadPoolExecutor(max_workers=4) as pool:
             list(pool.map(lambda _: client.chat.completions.create(model="m", messages=MESSAGES), range(4)))
-        with caplog.at_level(logging.WARNING, logger="rllm.sdk.client"):
+        with caplog.at_level(logging.WARNING, logger="rllm.tracing.client"):
             client.chat.completions.create(model="m", messages=MESSAGES)
     assert [r.headers.get(SESSION_HEADER) for r in seen] == [s.id] * 4 + [None]
     assert "outside any rllm session" in caplog.text

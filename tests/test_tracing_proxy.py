@@ -24,7 +24,7 @@ from strands import Agent, tool
 from strands.models.openai import OpenAIModel
 
 from rllm.integrations.strands import NonStreamingOpenAIModel
-from rllm.sdk import (
+from rllm.tracing import (
     NO_SESSION,
     SESSION_HEADER,
     Backend,
@@ -245,7 +245,7 @@ async def test_requests_without_a_session_are_stored_with_a_warning(
         proxy: ProxyProcess, store: TraceStore, caplog: pytest.LogCaptureFixture) -> None:
     before = len(store.get_session(NO_SESSION))
     client = _aclient(proxy)
-    with caplog.at_level(logging.WARNING, logger="rllm.sdk.client"):
+    with caplog.at_level(logging.WARNING, logger="rllm.tracing.client"):
         await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "orphan call"}])
     await client.close()
     traces = store.get_session(NO_SESSION)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import random
 
-from rllm.sdk.records import make_trace
-from rllm.sdk.trajectory import trajectory_from_traces
+from rllm.tracing.records import make_trace
+from rllm.tracing.trajectory import trajectory_from_traces
 from rllm.testing.scripted_server import ScriptedReply, ScriptedToolCall, ToyChatTokens
 
 TOOLS = [{"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}]

@@ -27,9 +27,9 @@ from litellm import CustomLLM, ModelResponse
 from litellm.llms.custom_llm import CustomLLMError
 from litellm.types.utils import Delta, ModelResponseStream, StreamingChoices, Usage
 
-from rllm.sdk.records import make_trace
-from rllm.sdk.session import NO_SESSION
-from rllm.sdk.store import TraceStore
+from rllm.tracing.records import make_trace
+from rllm.tracing.session import NO_SESSION
+from rllm.tracing.store import TraceStore
 
 logger = logging.getLogger(__name__)
 

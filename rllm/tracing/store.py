@@ -7,7 +7,7 @@ on the futures of its traces and on the next ``flush()``. Reads go through a sep
 connection and return a session's traces ordered by their per-session sequence number.
 
 This module depends on the standard library only: it also runs inside the LiteLLM proxy's own
-virtual environment (see ``rllm.sdk.proxy``).
+virtual environment (see ``rllm.tracing.proxy``).
 """
 
 from __future__ import annotations
