@@ -35,6 +35,7 @@ import logging
 import os
 import random
 import resource
+import shlex
 import shutil
 import signal
 import tempfile
@@ -285,8 +286,18 @@ def _wrk_binary() -> str | None:
 
 
 def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds of ``pid`` and its live children (the server's compute process included)."""
+    import psutil
+
+    total = 0.0
+    root = psutil.Process(pid)
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            t = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += t.user + t.system
+    return total
 
 
 def _free_port() -> int:
@@ -452,8 +463,8 @@ def report(raw: dict[str, Any], levels: list[LevelResult], memory: dict[str, flo
     ours = {(r.mix, r.concurrency): r for r in levels if r.system == "this server"}
     anchor = {(r.mix, r.concurrency): r for r in levels if r.system.startswith("rLLM")}
     anchor_name = next((r.system for r in levels if r.system.startswith("rLLM")), "anchor (not run)")
-    base = {(r.mix, r.concurrency): r for r in levels if r.system.startswith("baseline")}
-    base_name = next((r.system for r in levels if r.system.startswith("baseline")), None)
+    others = list(dict.fromkeys(r.system for r in levels if r.system != "this server" and not r.system.startswith("rLLM")))
+    other = {name: {(r.mix, r.concurrency): r for r in levels if r.system == name} for name in others}
     lines = [
         f"In-process ceiling (encode + search, batch {raw['best_batch']}, the higher of before and after the "
         f"servers ran): **{ceiling:.1f} q/s**; one lone query: **{raw['single_ms']:.1f} ms** (median). "
@@ -461,8 +472,8 @@ def report(raw: dict[str, Any], levels: list[LevelResult], memory: dict[str, flo
         "",
         f"| queries | c | {anchor_name} q/s | this server q/s | vs ceiling | vs anchor | p50 ms (anchor / this) "
         "| p99 ms this | mean batch | server CPU ms/q | wrk CPU (share of a core) | errors (anchor / this) |"
-        + (f" {base_name} q/s | vs baseline |" if base_name else ""),
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if base_name else ""),
+        + "".join(f" {name} q/s | this vs it |" for name in others),
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|---:|" * len(others),
     ]
     for (mix, c), r in sorted(ours.items(), key=lambda kv: (kv[0][0] != "distinct", kv[0][1])):
         a = anchor.get((mix, c))
@@ -473,7 +484,7 @@ def report(raw: dict[str, Any], levels: list[LevelResult], memory: dict[str, flo
         lines.append(f"| {mix} | {c} | {a_qps} | {r.qps:.1f} | {r.qps / ceiling:.0%} | {vs_a} | {a_p50} / "
                      f"{r.p50_ms:.0f} | {r.p99_ms:.0f} | {r.mean_batch:.1f} | {r.server_cpu_ms:.2f} | "
                      f"{r.client_cpu_share:.0%} | {a_err} / {r.errors} |"
-                     + (_base_cells(base.get((mix, c)), r) if base_name else "")
+                     + "".join(_base_cells(other[name].get((mix, c)), r) for name in others)
                      + (f" {r.note}" if r.note else ""))
     checks: list[tuple[str, bool | None, str]] = []
     for c in (256, 512):
@@ -537,6 +548,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--anchor-batch", type=int, default=256, help="anchor --max_batch_size")
     p.add_argument("--baseline-repo", default=None, help="also run rag.server from this other checkout "
                    "(e.g. a git worktree of an older commit), as a before/after column")
+    p.add_argument("--variant", action="append", default=[], metavar="LABEL=ARGS",
+                   help="also run this server with extra arguments, as its own column (repeatable), "
+                        "e.g. 'si1=--switch-interval-ms 1'")
     p.add_argument("--skip-servers", action="store_true", help="measure the ceiling only")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -565,6 +579,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.baseline_repo:
             systems.append(ThisServer(index_dir, raw["best_batch"], args.threads, [], Path(args.baseline_repo),
                                       f"baseline ({Path(args.baseline_repo).name})"))
+        for variant in args.variant:
+            label, _, extra = variant.partition("=")
+            systems.append(ThisServer(index_dir, raw["best_batch"], args.threads, [*args.server_arg, *shlex.split(extra)],
+                                      name=f"variant {label}"))
         if args.anchor:
             systems.append(Anchor(Path(args.anchor), index_dir, args.anchor_window, args.anchor_batch))
         else:
