@@ -27,6 +27,18 @@ class ConfigurationError(RLLMError):
     """The run is misconfigured (credentials, endpoints, options); it must stop, never be masked."""
 
 
+class SetupError(ConfigurationError):
+    """A problem the user must fix before a run starts (no model, no retrieval server); shown as a message."""
+
+
+class ModelUnreachableError(SetupError):
+    """A hub model could not be fetched (no hub access) and is not cached; ``why`` says what failed."""
+
+    def __init__(self, message: str, why: str) -> None:
+        super().__init__(message)
+        self.why = why
+
+
 class EngineError(RLLMError, RuntimeError):
     """Base class: a model call failed. ``url`` names the endpoint, ``cause`` what went wrong."""
 

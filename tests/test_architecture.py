@@ -10,6 +10,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
@@ -22,6 +24,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("workflows and the batch runner", ("rllm.workflows",)),
     ("verl adapter", ("rllm.integrations.verl",)),
     ("agents", ("rllm.agents",)),
+    ("evaluation", ("rllm.eval",)),
 ]
 """Lowest first. The package files ``rllm/__init__.py`` and ``rllm/integrations/__init__.py`` only name what is inside."""
 
@@ -73,6 +76,24 @@ def test_no_lower_layer_imports_a_higher_one() -> None:
                 violations.append(f"{path.relative_to(ROOT)}:{line} ({LAYERS[source][0]}) imports {imported} "
                                   f"({LAYERS[target][0]})")
     assert not violations, "imports that point up a layer:\n" + "\n".join(violations)
+
+
+_EXAMPLE_MODULES = tuple(sorted(p.stem for p in (ROOT / "examples").rglob("*.py")))
+_NOT_YET_MOVED = {"tests/test_rag_client.py"}
+"""Owned by the retrieval work running in parallel; it still loads examples/strands/retrieve_tool.py."""
+
+
+@pytest.mark.parametrize("folder", ["tests", "scripts", "rllm", "rag"])
+def test_nothing_imports_from_examples(folder: str) -> None:
+    offenders = []
+    for path in (ROOT / folder).rglob("*.py"):
+        name = str(path.relative_to(ROOT))
+        text = path.read_text(encoding="utf-8")
+        loads = "sys.path.insert" in text or "spec_from_file_location" in text
+        named = [m for m in _EXAMPLE_MODULES if f"{m}.py" in text or f"from {m} import" in text]
+        if name not in _NOT_YET_MOVED and path != Path(__file__) and loads and named:
+            offenders.append(name)
+    assert not offenders, f"examples/ holds scripts that call the library; nothing imports them: {offenders}"
 
 
 def test_the_layer_order_is_the_documented_one() -> None:

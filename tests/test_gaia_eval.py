@@ -1,4 +1,4 @@
-"""examples/strands/eval_gaia.py end to end on the GAIA-format fixture, with a scripted model.
+"""The GAIA eval (``rllm.eval.gaia``, run as examples/strands/eval_gaia.py) end to end on the GAIA-format fixture, with a scripted model.
 
 The model is a real OpenAI-compatible server on 127.0.0.1 answering from a script; the agent a
 real Strands loop run through AgentWorkflowEngine with the real GAIA tools in per-task work dirs.
@@ -8,7 +8,6 @@ and 1 of 3 fixture tasks.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -34,11 +33,9 @@ ISOLATION = "bubblewrap sandbox" if not SANDBOX_FLAGS else "audit-hook guard onl
 
 @pytest.fixture(scope="module")
 def eval_gaia() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("eval_gaia", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["eval_gaia"] = module
-    spec.loader.exec_module(module)
-    return module
+    import rllm.eval.gaia
+
+    return rllm.eval.gaia
 
 
 def _levels(report: dict[str, Any]) -> dict[str, tuple[int, int, int, float | None]]:

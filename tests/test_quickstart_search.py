@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -100,11 +99,9 @@ def test_quickstart_with_an_unreachable_hub_model_says_how_to_pass_a_model(tmp_p
 
 
 def _load_quickstart():
-    path = ROOT / "examples/strands/quickstart_search.py"
-    spec = importlib.util.spec_from_file_location("quickstart_search", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    import rllm.eval.quickstart
+
+    return rllm.eval.quickstart
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,7 @@ the scripted policy over real HTTP, or ``TransformersEngine`` on a tiny random Q
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +22,7 @@ from rllm.agents.search import (
     search_workflow_args,
 )
 from rllm.data.hotpotqa import load_hotpotqa
+from rllm.eval import reports, search as cli
 from rllm.rewards import RewardSearchFn
 from rllm.testing.tiny_models import build_tiny_model_dir
 from rllm.types import Episode, TerminationReason
@@ -33,16 +32,6 @@ ROOT = Path(__file__).resolve().parents[1]
 INDEX_SIZE = 200  # the paragraphs of the first ~20 questions
 
 
-def _load_cli():
-    path = ROOT / "examples/strands/search_agent_strands.py"
-    spec = importlib.util.spec_from_file_location("search_agent_strands", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-cli = _load_cli()
 
 
 @pytest.fixture(scope="module")
@@ -130,8 +119,8 @@ def test_transformers_engine_on_a_tiny_local_model(rag_url: str, tmp_path: Path)
 
 
 def test_pass_at_k_and_report_leave_infrastructure_failures_out() -> None:
-    assert cli.pass_at_k(4, 1, 2) == pytest.approx(0.5)
-    assert cli.pass_at_k(4, 0, 4) == 0.0 and cli.pass_at_k(4, 1, 4) == 1.0
+    assert reports.pass_at_k(4, 1, 2) == pytest.approx(0.5)
+    assert reports.pass_at_k(4, 0, 4) == 0.0 and reports.pass_at_k(4, 1, 4) == 1.0
     task = {"question": "q", "answer": "a"}
 
     def ep(task_id: str, index: int, correct: bool, reason=TerminationReason.FINISHED, f1=0.0) -> Episode:
@@ -140,7 +129,7 @@ def test_pass_at_k_and_report_leave_infrastructure_failures_out() -> None:
 
     episodes = [ep("a", 0, True, f1=1.0), ep("a", 1, False, f1=0.5), ep("b", 0, False),
                 ep("b", 1, False, TerminationReason.ENGINE_ERROR), ep("c", 0, False, TerminationReason.MAX_TURNS)]
-    report = cli.search_report(episodes)
+    report = reports.search_report(episodes)
     assert report["scored"] == 4 and report["infrastructure_failures"] == 1
     assert report["exact_match"] == pytest.approx(1 / 4) and report["f1"] == pytest.approx(1.5 / 4)
     assert report["pass@1"] == pytest.approx((0.5 + 0 + 0) / 3)

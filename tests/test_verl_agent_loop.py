@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +43,7 @@ from rllm.testing.tiny_models import build_tiny_tokenizer  # noqa: E402
 from rllm.tokens.renderer import ChatRenderer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "examples" / "strands"))
-from train_strands_agent import CONFIG_DIR, CONFIG_NAME, prepare_config  # noqa: E402
+from rllm.integrations.verl.train import CONFIG_DIR, CONFIG_NAME, prepare_config  # noqa: E402
 
 SYSTEM = "Answer with \\boxed{}. Use the lookup tool."
 QUESTION = "Which city is the capital of France?"

@@ -26,8 +26,7 @@ from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories  
 from verl.utils.config import omega_conf_to_dataclass  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "examples" / "strands"))
-from train_strands_agent import CONFIG_DIR, CONFIG_NAME, prepare_config, validate  # noqa: E402
+from rllm.integrations.verl.train import CONFIG_DIR, CONFIG_NAME, prepare_config, validate  # noqa: E402
 
 LAUNCHER = REPO / "examples" / "strands" / "train_strands_agent.sh"
 # Keys the recipe adds that verl's base config does not declare, each with the reader that makes it live.

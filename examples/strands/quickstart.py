@@ -12,48 +12,21 @@ Strands agent loop, real HTTP, real tool execution, one recorded ``Step`` per mo
 from __future__ import annotations
 
 import argparse
-import ast
 import asyncio
 import json
 import logging
-import operator
 from pathlib import Path
 from typing import Any
-
-from strands import tool
 
 from rllm.engine.rollout import OpenAIEngine
 from rllm.integrations.strands import Budget, RLLMModel, StrandsAgent
 from rllm.testing.scripted_server import ScriptedOpenAIServer, ScriptedReply, ScriptedToolCall
+from rllm.tools import calculator
 from rllm.types import Episode
 
 logger = logging.getLogger("quickstart")
 
 SYSTEM_PROMPT = "You are a precise assistant. Use the calculator for arithmetic. Put the final answer in \\boxed{}."
-_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-              ast.Pow: operator.pow, ast.USub: operator.neg, ast.Mod: operator.mod}
-
-
-def _evaluate(node: ast.AST) -> float:
-    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
-        return node.value
-    if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
-        return _OPERATORS[type(node.op)](_evaluate(node.left), _evaluate(node.right))
-    if isinstance(node, ast.UnaryOp) and type(node.op) in _OPERATORS:
-        return _OPERATORS[type(node.op)](_evaluate(node.operand))
-    raise ValueError(f"unsupported expression element: {ast.dump(node)}")
-
-
-@tool
-def calculator(expression: str) -> str:
-    """Evaluate an arithmetic expression with + - * / ** % and parentheses.
-
-    Args:
-        expression: The expression, e.g. "17 * 23 + 4".
-    """
-    return str(_evaluate(ast.parse(expression, mode="eval").body))
-
-
 def scripted_policy(body: dict[str, Any]) -> ScriptedReply:
     """Stand-in for a model: call the calculator on the question, then box the tool's answer."""
     tool_messages = [m for m in body["messages"] if m["role"] == "tool"]

@@ -30,14 +30,12 @@ from strands.models.openai import OpenAIModel
 
 from rllm.agents.search import SEARCH_SYSTEM_PROMPT, format_question, scripted_search_reply, search_tools
 from rllm.data.hotpotqa import load_hotpotqa
+from rllm.eval.search import RetrievalProcess
 from rllm.integrations.strands import NonStreamingOpenAIModel
 from rllm.rewards.search_reward import RewardSearchFn
+from rllm.testing.scripted_server import ScriptedOpenAIServer, ToyChatTokens
 from rllm.tracing import Backend, ProxyConfig, ProxyProcess, TraceStore, get_chat_client_async, load_trajectory, session
 from rllm.tracing.trajectory import SessionTrajectory
-from rllm.testing.scripted_server import ScriptedOpenAIServer, ToyChatTokens
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from search_agent_strands import embedded_retrieval_server  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -57,8 +55,9 @@ def retrieval_url(args: argparse.Namespace, run_dir: Path) -> Iterator[str]:
     if args.retrieval_url:
         yield args.retrieval_url
         return
-    with embedded_retrieval_server(run_dir / "retrieval.log") as url:
-        yield url
+    with RetrievalProcess(run_dir / "retrieval.log") as server:
+        server.wait_ready()
+        yield server.url
 
 
 async def rollout(proxy: ProxyProcess, store: TraceStore, task: dict[str, Any], url: str,

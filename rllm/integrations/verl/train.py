@@ -1,0 +1,114 @@
+"""Launch verl training from a Hydra recipe: compose, make paths absolute, validate, hand to verl's ``main``.
+
+The default recipe is ``examples/strands/config/strands_hotpotqa_rloo.yaml`` (the Strands HotpotQA
+search agent: RLOO, Qwen3-4B, 8 GPUs, fp16; it extends verl's ``ppo_trainer``); the agent
+runs inside verl as ``rllm.integrations.verl.agent_loop.StrandsAgentLoop``. This script composes
+the recipe with any Hydra overrides, makes the file paths in it absolute (Ray workers may not
+share this working directory), resolves it and hands it to verl's own ``main``, which validates
+it and starts the trainer.
+
+    python examples/strands/train_strands_agent.py [--dry-run] [hydra overrides ...]
+
+``--dry-run`` validates the composed config with verl's ``validate_config`` and prints it,
+resolved, without starting Ray, a GPU or the retrieval server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+logger = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+CONFIG_DIR = REPO_ROOT / "examples" / "strands" / "config"
+CONFIG_NAME = "strands_hotpotqa_rloo"
+DRY_RUN_FLAG = "--dry-run"
+TOKEN_ENV = "RETRIEVAL_TOKEN"
+
+
+def _absolute(path: str, *roots: Path) -> str:
+    """``path`` made absolute: the first root under which it exists, else the first root."""
+    candidate = Path(path).expanduser()
+    if candidate.is_absolute():
+        return str(candidate)
+    for root in roots:
+        if (root / candidate).exists():
+            return str((root / candidate).resolve())
+    return str((roots[0] / candidate).resolve())
+
+
+def prepare_config(config: DictConfig) -> DictConfig:
+    """Resolve interpolations and make the data and agent-loop paths absolute, in place."""
+    OmegaConf.resolve(config)
+    cwd = Path.cwd()
+    with open_dict(config):
+        agent = config.actor_rollout_ref.rollout.agent
+        if agent.agent_loop_config_path:
+            agent.agent_loop_config_path = _absolute(agent.agent_loop_config_path, cwd, REPO_ROOT)
+        for key in ("train_files", "val_files"):
+            files = config.data[key]
+            if isinstance(files, str):
+                config.data[key] = _absolute(files, cwd, REPO_ROOT)
+            else:
+                config.data[key] = [_absolute(f, cwd, REPO_ROOT) for f in files]
+    return config
+
+
+def _masked(config: DictConfig) -> DictConfig:
+    """A copy of ``config`` with the retrieval token, if set, shown as ``***``."""
+    shown = config.copy()
+    env_vars = OmegaConf.select(shown, "ray_kwargs.ray_init.runtime_env.env_vars")
+    if env_vars is not None and env_vars.get(TOKEN_ENV):
+        env_vars[TOKEN_ENV] = "***"
+    return shown
+
+
+def validate(config: DictConfig) -> None:
+    """verl's own config checks, as ``verl.trainer.main_ppo.main`` runs them."""
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+
+
+def _run(config: DictConfig, dry_run: bool) -> None:
+    prepare_config(config)
+    if dry_run:
+        with contextlib.redirect_stdout(sys.stderr):  # verl prints its verdict; stdout is the config only
+            validate(config)
+        print(OmegaConf.to_yaml(_masked(config), resolve=True), end="")
+        logger.info("dry run: the config composes and passes verl's validation; nothing was started")
+        return
+    from verl.trainer.main_ppo import main as verl_main
+
+    # verl's main is a @hydra.main function; given a config it runs on it directly
+    # (auto device selection, validate_config, then the v1 or v0 trainer on Ray).
+    verl_main(config)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: strip ``--dry-run`` and let Hydra parse the rest of the command line."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    dry_run = DRY_RUN_FLAG in args
+    args = [a for a in args if a != DRY_RUN_FLAG]
+    if dry_run:  # print only: no Hydra output directory, log file or logging setup
+        args += ["hydra.output_subdir=null", "hydra.run.dir=.", "hydra/job_logging=disabled",
+                 "hydra/hydra_logging=disabled"]
+    sys.argv = [sys.argv[0], *args]
+
+    @hydra.main(config_path=str(CONFIG_DIR), config_name=CONFIG_NAME, version_base=None)
+    def _hydra_main(config: DictConfig) -> None:
+        _run(config, dry_run)
+
+    _hydra_main()
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO)
+    main()
