@@ -98,7 +98,7 @@ DATA_SOURCE = "hotpotqa"
 
 
 def search_verl_rows(tasks: Iterable[dict[str, Any]], split: str, *, agent_name: str = AGENT_NAME) -> list[dict[str, Any]]:
-    """verl rows for HotpotQA ``tasks`` with the search agent's system prompt and question format."""
+    """Verl rows for HotpotQA ``tasks`` with the search agent's system prompt and question format."""
     return [
         verl_row(index=index, split=split, system_prompt=SEARCH_SYSTEM_PROMPT, question=format_question(task),
                  data_source=DATA_SOURCE, ground_truth=str(task["answer"]), agent_name=agent_name,
@@ -109,7 +109,7 @@ def search_verl_rows(tasks: Iterable[dict[str, Any]], split: str, *, agent_name:
 
 
 def score_search_answer(task: dict[str, Any], final_answer: str, *, partial_credit: bool = False) -> dict[str, float]:
-    """verl's numbers for one final answer: ``score`` (the reward), ``correct``, ``f1`` and ``boxed`` (an answer found)."""
+    """Verl's numbers for one final answer: ``score`` (the reward), ``correct``, ``f1`` and ``boxed`` (an answer found)."""
     result = RewardSearchFn(partial_credit=partial_credit)(task, final_answer)
     return {
         "score": float(result.reward),

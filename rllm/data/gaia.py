@@ -23,8 +23,10 @@ _REQUIRED = ("task_id", "Question", "Level")
 
 
 def gaia_split_dir(data_dir: str | Path, split: str = "validation", year: str = GAIA_YEAR) -> Path:
-    """The directory holding ``split``'s metadata: ``data_dir/<year>/<split>``, or ``data_dir`` itself
-    when it already contains the metadata."""
+    """The directory holding ``split``'s metadata.
+
+    That is ``data_dir/<year>/<split>``, or ``data_dir`` itself when it already contains the metadata.
+    """
     data_dir = Path(data_dir).expanduser()
     if any((data_dir / name).is_file() for name in ("metadata.jsonl", "metadata.parquet")):
         return data_dir.resolve()

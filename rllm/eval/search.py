@@ -39,12 +39,12 @@ from typing import Any
 import httpx
 from rich.console import Console
 
-from rllm.agents.search import scripted_search_reply, search_workflow_args
+from rllm.agents.search import DEFAULT_SEARCH_BUDGET, scripted_search_reply, search_workflow_args
 from rllm.data.hotpotqa import load_hotpotqa
 from rllm.engine.rollout import OpenAIEngine
-from rllm.integrations.strands import Budget
 from rllm.errors import ModelUnreachableError, SetupError
 from rllm.eval.reports import print_report, search_report
+from rllm.integrations.strands import Budget
 from rllm.types import Episode
 from rllm.workflows import AgentWorkflowEngine, StrandsWorkflow
 
@@ -318,8 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--n", type=int, default=None, help="first N questions (default: all)")
     run.add_argument("--rollouts", type=int, default=1, help="rollouts per question (pass@k up to this)")
     run.add_argument("--parallel", type=int, default=32, help="rollouts run at once")
-    run.add_argument("--max-turns", type=int, default=10)
-    run.add_argument("--max-tool-calls", type=int, default=16)
+    run.add_argument("--max-turns", type=int, default=DEFAULT_SEARCH_BUDGET.max_model_turns)
+    run.add_argument("--max-tool-calls", type=int, default=DEFAULT_SEARCH_BUDGET.max_tool_calls)
     run.add_argument("--timeout", type=float, default=900.0, help="seconds per rollout attempt")
     run.add_argument("--retry-limit", type=int, default=3, help="reruns after an infrastructure failure")
     run.add_argument("--partial-credit", action="store_true", help="reward F1 for inexact answers")

@@ -106,7 +106,7 @@ def _byte_to_unicode() -> dict[int, str]:
             printable.append(b)
             chars.append(256 + extra)
             extra += 1
-    return dict(zip(printable, (chr(c) for c in chars)))
+    return dict(zip(printable, (chr(c) for c in chars), strict=True))
 
 
 def _load_ranks(path: Path) -> dict[bytes, int]:

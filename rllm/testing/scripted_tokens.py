@@ -59,8 +59,10 @@ class ScriptedTokenEngine(TokenEngine):
 
 def template_assistant_text(renderer: ChatRenderer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                             assistant: dict[str, Any]) -> str:
-    """What the chat template writes for ``assistant`` after ``messages``' generation prompt, up to
-    and including its end-of-turn token: the text a model trained on the template samples."""
+    """What the chat template writes for ``assistant`` after ``messages``' generation prompt.
+
+    Up to and including its end-of-turn token: the text a model trained on the template samples.
+    """
     prompt = renderer.render_text(messages, tools, True)
     closed = renderer.render_text([*messages, {"role": "assistant", **assistant}], tools, False)
     if not closed.startswith(prompt):
@@ -134,7 +136,7 @@ class ScriptedTokenServer(ScriptedOpenAIServer):
                 "text": self.tokenizer.decode(out.token_ids, skip_special_tokens=False),
                 "output_ids": out.token_ids,
                 "meta_info": {
-                    "output_token_logprobs": [[lp, i, None] for lp, i in zip(out.logprobs or [], out.token_ids)],
+                    "output_token_logprobs": [[lp, i, None] for lp, i in zip(out.logprobs or [], out.token_ids, strict=False)],
                     "finish_reason": {"type": out.finish_reason},
                     "prompt_tokens": len(body["input_ids"]),
                     "completion_tokens": len(out.token_ids),

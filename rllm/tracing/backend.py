@@ -61,8 +61,10 @@ def _upstream_body(model: str, messages: list[Any], optional_params: Mapping[str
 
 
 def _stream_chunks(raw: Mapping[str, Any]) -> list[ModelResponseStream]:
-    """Replay a completion as stream chunks: text (and reasoning), then each tool call; the last carries
-    the finish reason and usage."""
+    """Replay a completion as stream chunks: text (and reasoning), then each tool call.
+
+    The last chunk carries the finish reason and usage.
+    """
     choice = (raw.get("choices") or [{}])[0]
     message = choice.get("message") or {}
     base = {"id": raw.get("id"), "created": raw.get("created") or int(time.time()), "model": raw.get("model")}

@@ -31,7 +31,7 @@ class Workflow(abc.ABC):
     async def run(self, task: dict[str, Any], uid: str) -> Episode:
         """Run ``task`` to the end and return its episode, whose ``id`` is ``uid``."""
 
-    def reset(self) -> None:
+    def reset(self) -> None:  # noqa: B027 - optional hook: a stateless workflow has nothing to reset
         """Return to the freshly built state; called before every ``run()``."""
 
     def failed_episode(

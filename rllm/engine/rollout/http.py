@@ -12,14 +12,13 @@ from typing import Any
 
 import httpx
 
-from rllm.retry import PerLoop, backoff_retrying
 from rllm.engine.rollout.base import (
     ContextLengthExceededError,
     EngineRequestError,
     EngineThrottledError,
     EngineUnavailableError,
 )
-
+from rllm.retry import PerLoop, backoff_retrying
 
 _CONTEXT_PHRASES = ("context length", "maximum context", "too long", "max_model_len", "exceed")
 

@@ -14,7 +14,6 @@ from typing import Any
 import httpx
 import openai
 
-from rllm.retry import PerLoop, backoff_retrying
 from rllm.engine.rollout.base import (
     ContextLengthExceededError,
     EngineError,
@@ -23,6 +22,7 @@ from rllm.engine.rollout.base import (
     EngineUnavailableError,
     select_sampling_params,
 )
+from rllm.retry import PerLoop, backoff_retrying
 from rllm.types import ModelOutput, ToolCall
 
 logger = logging.getLogger(__name__)

@@ -163,7 +163,7 @@ class TokenEngine(abc.ABC):
     def _audit(self, trace: TokenTrace, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> None:
         full = self.renderer.prompt_ids(messages, tools)
         if full != trace.token_ids:
-            first = next((i for i, (a, b) in enumerate(zip(full, trace.token_ids)) if a != b), min(len(full), len(trace)))
+            first = next((i for i, (a, b) in enumerate(zip(full, trace.token_ids, strict=False)) if a != b), min(len(full), len(trace)))
             self.audit_mismatches += 1
             logger.warning(
                 "audit: a full re-render differs from the token trace at token %d of %d (re-render has %d tokens)",

@@ -70,7 +70,7 @@ class TransformersEngine(TokenEngine):
         new_ids = generated.sequences[0, len(prompt_ids) :].tolist()
         logprobs = [
             float(torch.log_softmax(scores[0].float(), dim=-1)[token].item())
-            for scores, token in zip(generated.scores, new_ids)
+            for scores, token in zip(generated.scores, new_ids, strict=False)
         ]
         finish = "stop" if new_ids and new_ids[-1] in stop_ids else "length"
         return TokenOutput(token_ids=new_ids, logprobs=logprobs, finish_reason=finish)

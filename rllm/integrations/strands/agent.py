@@ -243,8 +243,10 @@ class StrandsAgent(Agent):
         return _STOP_REASONS.get(self.trajectory.steps[-1].stop_reason or "", TerminationReason.ERROR)
 
     async def stream_async(self, prompt: Any = None, **kwargs: Any) -> AsyncIterator[Any]:
-        """``Agent.stream_async`` (which ``invoke_async`` and ``__call__`` run), then raise the
-        ``ConfigurationError`` a tool raised, once its tool round is recorded."""
+        """``Agent.stream_async`` (which ``invoke_async`` and ``__call__`` run), then a tool's ``ConfigurationError``.
+
+        The ``ConfigurationError`` a tool raised is raised once its tool round is recorded.
+        """
         async for event in super().stream_async(prompt, **kwargs):
             yield event
         fatal = self._tool_failures.fatal

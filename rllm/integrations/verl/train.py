@@ -70,7 +70,7 @@ def _masked(config: DictConfig) -> DictConfig:
 
 
 def validate(config: DictConfig) -> None:
-    """verl's own config checks, as ``verl.trainer.main_ppo.main`` runs them."""
+    """Verl's own config checks, as ``verl.trainer.main_ppo.main`` runs them."""
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 
