@@ -60,6 +60,13 @@ class ContextLengthExceededError(EngineError):
     """The prompt (plus the requested completion) does not fit the model's context window."""
 
 
+class ResponseBudgetExhaustedError(ContextLengthExceededError):
+    """The rollout's response (sampled plus tool tokens) already fills its budget (verl's ``response_length``).
+
+    The policy's own doing: a rollout ended by it is a ``max_tokens`` outcome, not an error.
+    """
+
+
 class EngineRequestError(EngineError):
     """The engine rejected the request (a 4xx other than 429); retrying would not help."""
 
@@ -134,3 +141,17 @@ class TokenTraceError(TokenDataError):
 
 class HistoryNotAppendOnlyError(TokenDataError):
     """The conversation changed other than by appending (trimmed, rewritten): the trace would lie."""
+
+
+def exception_chain(error: BaseException, *, implicit: bool = True) -> list[BaseException]:
+    """``error`` and the exceptions behind it, outermost first, each once.
+
+    Follows ``__cause__`` (``raise ... from``) and, with ``implicit``, ``__context__`` where there
+    is no cause (an exception raised while another was being handled).
+    """
+    chain: list[BaseException] = []
+    current: BaseException | None = error
+    while current is not None and not any(current is seen for seen in chain):
+        chain.append(current)
+        current = current.__cause__ or (current.__context__ if implicit else None)
+    return chain

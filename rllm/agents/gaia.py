@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from rllm.engine.rollout import RolloutEngine
-from rllm.integrations.strands import Budget, StrandsAgent
+from rllm.integrations.strands import Budget
+from rllm.integrations.strands.rollout import build_agent
 from rllm.rewards.gaia_reward import RewardGaiaFn
 from rllm.testing.scripted_server import ScriptedReply, ScriptedToolCall
 from rllm.tools import gaia_tools
@@ -110,8 +111,8 @@ class GaiaWorkflow(StrandsWorkflow):
     async def run(self, task: dict[str, Any], uid: str) -> Episode:
         """Set up the task's work dir and tools, then run and score the agent."""
         self.work_dir = await asyncio.to_thread(self._prepare_work_dir, task, uid)
-        self.agent = StrandsAgent(self.model, tools=gaia_tools(self.work_dir, **self.tool_options),
-                                  system_prompt=self.system_prompt, budget=self.budget, **self.agent_kwargs)
+        self.agent = build_agent(self.model, tools=gaia_tools(self.work_dir, **self.tool_options),
+                                 system_prompt=self.system_prompt, budget=self.budget, **self.agent_kwargs)
         episode = await super().run(task, uid)
         episode.info["work_dir"] = str(self.work_dir)
         return episode

@@ -116,12 +116,19 @@ class TokenTrace(BaseModel):
         if position != n:
             raise TokenTraceError(f"segments cover {position} of {n} tokens")
 
-    def to_verl(self) -> dict[str, Any]:
-        """The verl agent-loop fields: prompt ids, response ids, response mask and logprobs."""
+    def to_verl(self, max_response_length: int | None = None) -> dict[str, Any]:
+        """The verl agent-loop fields (``AgentLoopOutput``'s names), the response cut at ``max_response_length``.
+
+        ``response_logprobs`` is ``None`` for a trace that does not require logprobs (their 0.0
+        placeholders are not sampling logprobs); ``num_turns`` counts the first prompt and every
+        segment after it, as verl counts turns.
+        """
         p = self.prompt_length
+        end = None if max_response_length is None else p + max_response_length
         return {
             "prompt_ids": self.token_ids[:p],
-            "response_ids": self.token_ids[p:],
-            "response_mask": self.loss_mask[p:],
-            "response_logprobs": self.logprobs[p:],
+            "response_ids": self.token_ids[p:end],
+            "response_mask": self.loss_mask[p:end],
+            "response_logprobs": self.logprobs[p:end] if self.require_logprobs else None,
+            "num_turns": len(self.segments),
         }

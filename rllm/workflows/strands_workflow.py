@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 from rllm.engine.rollout.base import RolloutEngine
-from rllm.integrations.strands import Budget, RLLMModel, StrandsAgent, describe_failure, termination_reason_for
-from rllm.integrations.strands.rollout import final_answer_text, trajectory_metrics
+from rllm.integrations.strands import Budget, RLLMModel
+from rllm.integrations.strands.rollout import build_agent, read_rollout, trajectory_metrics
 from rllm.rewards.base import RewardOutput
 from rllm.types import Episode, TerminationReason
 from rllm.workflows.base import Workflow
@@ -67,7 +67,7 @@ class StrandsWorkflow(Workflow):
         self.reward_fn = reward_fn
         self.task_to_prompt = task_to_prompt or default_task_to_prompt
         self.model = RLLMModel(rollout_engine, **(model_kwargs or {}))
-        self.agent = StrandsAgent(
+        self.agent = build_agent(
             self.model,
             tools=tools() if callable(tools) else list(tools),
             system_prompt=system_prompt,
@@ -91,21 +91,22 @@ class StrandsWorkflow(Workflow):
         try:
             await self.agent.invoke_async(prompt)
         except Exception as error:  # noqa: BLE001 - every failure becomes a typed episode
-            reason = termination_reason_for(error)
-            logger.debug("episode %s ended by %s: %s", uid, reason.value, error)
-            episode = self.failed_episode(task, uid, reason, describe_failure(error))
-            if reason is TerminationReason.ERROR:
+            end = read_rollout(self.agent, error)
+            logger.debug("episode %s ended by %s: %s", uid, end.reason.value, error)
+            episode = self.failed_episode(task, uid, end.reason, end.failure)
+            if end.reason is TerminationReason.ERROR:
                 episode.info["traceback"] = "".join(traceback.format_exception(error))[-4000:]
             episode.metrics["latency_s"] = time.perf_counter() - started
             return episode
         latency = time.perf_counter() - started
         trajectory = self.agent.trajectory
-        reason = self.agent.termination_reason or TerminationReason.ERROR
-        if reason.is_infrastructure_failure:
-            episode = self.failed_episode(task, uid, reason, self.agent.tool_failures.description or reason.value)
+        end = read_rollout(self.agent)
+        reason = end.reason
+        if end.infra_failure:
+            episode = self.failed_episode(task, uid, reason, end.failure)
             episode.metrics["latency_s"] = latency
             return episode
-        answer = final_answer_text(trajectory)
+        answer = end.final_answer
         info: dict[str, Any] = {"final_answer": answer}
         reward = RewardOutput(reward=0.0, is_correct=False, metadata={"reason": "no reward function"})
         if self.reward_fn is not None:

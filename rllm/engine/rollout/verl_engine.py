@@ -16,19 +16,18 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from rllm.engine.rollout.base import ContextLengthExceededError, EngineUnavailableError
+from rllm.engine.rollout.base import EngineUnavailableError
 from rllm.engine.rollout.token_engine import TokenEngine, TokenOutput, TokenSession
+from rllm.errors import ResponseBudgetExhaustedError
 
 logger = logging.getLogger(__name__)
+
+__all__ = ["PromptTooLongError", "ResponseBudgetExhaustedError", "VerlEngine", "VerlSession"]
 
 # Sampling keys forwarded to verl's server (vLLM ``SamplingParams`` / SGLang names); the rest of
 # rllm's sampling vocabulary (tool_choice, chat_template_kwargs, ...) has no meaning there.
 _PASS_THROUGH = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "presence_penalty",
                  "frequency_penalty", "repetition_penalty", "logprobs")
-
-
-class ResponseBudgetExhaustedError(ContextLengthExceededError):
-    """The rollout's response (sampled plus tool tokens) already fills ``response_length``."""
 
 
 class PromptTooLongError(ValueError):
@@ -89,7 +88,6 @@ class VerlEngine(TokenEngine):
         self.response_length = response_length
         self.prompt_length = prompt_length
         self.server_sampling = dict(server_sampling or {})
-        self.sessions: list[VerlSession] = []
         stop_ids = {self.renderer.probe.end_of_turn_id}
         if tokenizer.eos_token_id is not None:
             stop_ids.add(int(tokenizer.eos_token_id))
@@ -101,10 +99,9 @@ class VerlEngine(TokenEngine):
         return bool(self.server_sampling.get("logprobs", True))
 
     def new_session(self) -> VerlSession:
-        """State for a new rollout; the engine keeps it in ``sessions`` for the agent loop to read."""
+        """State for a new rollout (the agent running it keeps it: ``StrandsAgent.token_session``)."""
         session = VerlSession()
         session.trace.require_logprobs = self.wants_logprobs
-        self.sessions.append(session)
         return session
 
     def _budget(self, prompt_ids: list[int], max_new_tokens: int, session: TokenSession) -> int:

@@ -20,10 +20,10 @@ from strands.types.exceptions import (
     ModelThrottledException,
 )
 
-from rllm.errors import ContextLengthExceededError, InfrastructureError, ToolBackendError
+from rllm.errors import ContextLengthExceededError, InfrastructureError, ToolBackendError, exception_chain
 from rllm.integrations.strands._format import format_messages, format_tools
 from rllm.integrations.strands.hooks import Budget, BudgetHook, ToolCallValidator, ToolFailureHook
-from rllm.integrations.strands.recording import ModelCall, take_model_call
+from rllm.integrations.strands.recording import ModelCall, receive_token_session, take_model_call
 from rllm.types import ModelOutput, Step, TerminationReason, ToolCall, Trajectory
 
 logger = logging.getLogger(__name__)
@@ -52,17 +52,13 @@ def termination_reason_for(error: BaseException) -> TerminationReason:
         return TerminationReason.MAX_TOKENS
     if isinstance(error, (asyncio.TimeoutError, TimeoutError)):
         return TerminationReason.TIMEOUT
-    cause: BaseException | None = error
-    seen: set[int] = set()
-    while cause is not None and id(cause) not in seen:
-        seen.add(id(cause))
+    for cause in exception_chain(error, implicit=False):
         if isinstance(cause, ContextLengthExceededError):
             return TerminationReason.CONTEXT_OVERFLOW
         if isinstance(cause, ToolBackendError):
             return TerminationReason.TOOL_BACKEND_ERROR
         if isinstance(cause, (InfrastructureError, ModelThrottledException)):
             return TerminationReason.ENGINE_ERROR
-        cause = cause.__cause__
     return TerminationReason.ERROR
 
 
@@ -98,6 +94,7 @@ class _StepRecorder(HookProvider):
 
     def __init__(self, trajectory: Trajectory) -> None:
         self.trajectory = trajectory
+        self.token_session: Any = None
         self.last_error: BaseException | None = None
         self._call_cancelled = False
 
@@ -109,6 +106,12 @@ class _StepRecorder(HookProvider):
     def _before_model_call(self, event: BeforeModelCallEvent) -> None:
         # A call cancelled by a hook (the budget) never reaches the model: nothing to record.
         self._call_cancelled = bool(event.cancel)
+        receive_token_session(event.invocation_state, self._receive_token_session)
+
+    def _receive_token_session(self, session: Any) -> None:
+        """The rollout's token state, handed over by the model before its engine runs."""
+        self.token_session = session
+        self.trajectory.token_trace = session.trace
 
     def _after_model_call(self, event: AfterModelCallEvent) -> None:
         call = take_model_call(event.invocation_state)
@@ -125,8 +128,6 @@ class _StepRecorder(HookProvider):
                 output=_output_from_message(event.stop_response.message),
             )
         self.last_error = None
-        if call.token_trace is not None:
-            self.trajectory.token_trace = call.token_trace
         self.trajectory.steps.append(
             Step(
                 messages=call.messages,
@@ -218,6 +219,15 @@ class StrandsAgent(Agent):
         return self._recorder.trajectory
 
     @property
+    def token_session(self) -> Any:
+        """The rollout's ``TokenSession`` when a token engine runs the agent (``None`` otherwise or before a call).
+
+        The agent owns it: the model creates it in the agent's model state on the first call, and
+        ``reset()`` drops it. Its trace is ``trajectory.token_trace``.
+        """
+        return self._recorder.token_session
+
+    @property
     def budget_hook(self) -> BudgetHook:
         """The hook enforcing this agent's budget, with its counters."""
         return self._budget_hook
@@ -260,4 +270,5 @@ class StrandsAgent(Agent):
         self._budget_hook.reset()
         self._tool_failures.reset()
         self._recorder.trajectory = Trajectory(name=self._recorder.trajectory.name)
+        self._recorder.token_session = None
         self._recorder.last_error = None

@@ -17,7 +17,7 @@ from typing_extensions import Unpack, override
 
 from rllm.engine.rollout.base import ContextLengthExceededError, EngineThrottledError, RolloutEngine
 from rllm.integrations.strands._format import format_messages, format_tool_choice, format_tools, output_events
-from rllm.integrations.strands.recording import TOKEN_SESSION_KEY, ModelCall, record_model_call
+from rllm.integrations.strands.recording import TOKEN_SESSION_KEY, ModelCall, record_model_call, record_token_session
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +83,8 @@ class RLLMModel(Model):
         """Send the conversation to the engine and replay its answer as Strands events.
 
         With a token engine, the rollout's ``TokenSession`` lives in the agent's own model state
-        (``model_state``), so it follows the agent, not the model, and ``reset()`` clears it.
+        (``model_state``), so it follows the agent, not the model, and ``reset()`` clears it; the
+        agent reads it as ``agent.token_session`` and its trace as ``agent.trajectory.token_trace``.
         """
         request_messages = format_messages(messages, system_prompt, system_prompt_content)
         tools = format_tools(tool_specs)
@@ -96,6 +97,7 @@ class RLLMModel(Model):
         if new_session is not None and model_state is not None:
             session = model_state.get(TOKEN_SESSION_KEY) or model_state.setdefault(TOKEN_SESSION_KEY, new_session())
             sampling["session"] = session
+            record_token_session(invocation_state, session)
         started = time.perf_counter()
         try:
             output = await self.rollout_engine.get_model_response(request_messages, tools or None, **sampling)
@@ -104,10 +106,7 @@ class RLLMModel(Model):
         except ContextLengthExceededError as error:
             raise ContextWindowOverflowException(str(error)) from error
         latency_ms = int(1000 * (time.perf_counter() - started))
-        trace = session.trace if session is not None else None
-        record_model_call(
-            invocation_state, ModelCall(messages=request_messages, tools=tools, output=output, token_trace=trace)
-        )
+        record_model_call(invocation_state, ModelCall(messages=request_messages, tools=tools, output=output))
         for event in output_events(output, latency_ms):
             yield event
 

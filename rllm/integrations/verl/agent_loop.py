@@ -40,12 +40,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
-from strands.agent.conversation_manager import NullConversationManager
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
 
-from rllm.engine.rollout.verl_engine import ResponseBudgetExhaustedError, VerlEngine, VerlSession
-from rllm.integrations.strands import Budget, RLLMModel, StrandsAgent, describe_failure, termination_reason_for
-from rllm.integrations.strands.rollout import final_answer_text
+from rllm.engine.rollout.verl_engine import VerlEngine, VerlSession
+from rllm.integrations.strands import Budget, StrandsAgent, describe_failure
+from rllm.integrations.strands.rollout import build_agent, read_rollout, rollout_termination
 from rllm.integrations.verl._dotted import import_object
 from rllm.types import TerminationReason
 
@@ -116,15 +115,6 @@ def split_prompt(raw_prompt: Any) -> tuple[str | None, list[dict[str, Any]]]:
     if not messages:
         raise ValueError("the row's prompt has a system message but no user message")
     return system, [{"role": m["role"], "content": [{"text": _text_of(m.get("content"))}]} for m in messages]
-
-
-def _causes(error: BaseException) -> list[BaseException]:
-    chain: list[BaseException] = []
-    current: BaseException | None = error
-    while current is not None and current not in chain:
-        chain.append(current)
-        current = current.__cause__ or current.__context__
-    return chain
 
 
 class StrandsAgentLoop(AgentLoopBase):
@@ -232,17 +222,17 @@ class StrandsAgentLoop(AgentLoopBase):
         """Run the agent on the row and return its output, infrastructure failures included (flagged).
 
         Raises any exception that is not a typed infrastructure failure or a policy outcome
-        (context overflow, response budget), with its cause.
+        (context overflow, response budget), with its cause. The agent is built and its end read
+        as in evaluation (``rllm.integrations.strands.rollout``); the tokens are its
+        ``trajectory.token_trace``, exported with ``TokenTrace.to_verl`` at ``response_length``.
         """
         system, conversation = split_prompt(kwargs["raw_prompt"])
-        engine = self.build_engine(sampling_params)
-        agent = StrandsAgent(
-            RLLMModel(engine),
+        agent = build_agent(
+            self.build_engine(sampling_params),
             tools=build_tools(self.tool_factory, self.tool_kwargs),
             system_prompt=self._system_prompt(system),
-            name=self.name,
             budget=self.budget,
-            conversation_manager=NullConversationManager(),
+            name=self.name,
             infra_exceptions=self.infra_exceptions,
         )
         prompt: Any = conversation
@@ -255,59 +245,44 @@ class StrandsAgentLoop(AgentLoopBase):
             else:
                 await asyncio.wait_for(agent.invoke_async(prompt), timeout=self.timeout_s)
         except Exception as caught:  # noqa: BLE001 - typed below; anything untyped is raised
-            if self._termination(agent, caught) is TerminationReason.ERROR:
+            if rollout_termination(agent, caught) is TerminationReason.ERROR:
                 logger.error("rollout failed with %s: %s; not an infrastructure failure, so it is raised",
                              type(caught).__name__, caught)
                 raise
             error = caught
-        if not engine.sessions:
+        if agent.trajectory.token_trace is None:
             raise RuntimeError(f"the agent stopped before its first model call: {error!r}") from error
-        return self._output(agent, engine.sessions[0], error, kwargs)
+        return self._output(agent, error, kwargs)
 
-    def _termination(self, agent: StrandsAgent, error: BaseException | None) -> TerminationReason:
-        if error is None:
-            return agent.termination_reason or TerminationReason.ERROR
-        if any(isinstance(e, ResponseBudgetExhaustedError) for e in _causes(error)):
-            return TerminationReason.MAX_TOKENS
-        return termination_reason_for(error)
-
-    def _output(self, agent: StrandsAgent, session: VerlSession, error: BaseException | None,
-                row: dict[str, Any]) -> AgentLoopOutput:
-        reason = self._termination(agent, error)
-        infra_error = ""
-        if reason.is_infrastructure_failure:
-            if error is not None:
-                infra_error = describe_failure(error)
-            else:
-                infra_error = agent.tool_failures.description or reason.value
-        trace = session.trace
-        start, end = trace.prompt_length, trace.prompt_length + self.response_length
-        response_ids = trace.token_ids[start:end]
-        mask = [0] * len(response_ids) if infra_error else trace.loss_mask[start:end]
+    def _output(self, agent: StrandsAgent, error: BaseException | None, row: dict[str, Any]) -> AgentLoopOutput:
+        end = read_rollout(agent, error)
+        infra_error = end.failure if end.infra_failure else ""
+        trace = agent.trajectory.token_trace
+        assert trace is not None
+        fields = trace.to_verl(self.response_length)
+        if infra_error:
+            fields["response_mask"] = [0] * len(fields["response_ids"])
         trajectory = agent.trajectory
-        answered = reason is TerminationReason.FINISHED and not infra_error
         extra: dict[str, Any] = {
-            "final_answer": final_answer_text(trajectory) if answered else "",
-            "termination_reason": reason.value,
+            "final_answer": end.final_answer,
+            "termination_reason": end.reason.value,
             "infra_failure": bool(infra_error),
             "infra_error": infra_error,
             "num_model_calls": trace.num_turns,
             "num_tool_calls": sum(len(step.tool_calls) for step in trajectory.steps),
             "num_tool_errors": trajectory.num_tool_errors,
-            "response_truncated": len(trace) - start > self.response_length,
+            "response_truncated": len(trace) - trace.prompt_length > self.response_length,
         }
-        low = session.min_global_steps if session.min_global_steps is not None else row.get("global_steps")
-        high = session.max_global_steps if session.max_global_steps is not None else low
+        session = agent.token_session
+        stats = session if isinstance(session, VerlSession) else VerlSession()
+        low = stats.min_global_steps if stats.min_global_steps is not None else row.get("global_steps")
+        high = stats.max_global_steps if stats.max_global_steps is not None else low
         if low is not None:
             extra.update(min_global_steps=int(low), max_global_steps=int(high))
         tool_seconds = sum(m.total_time for m in agent.event_loop_metrics.tool_metrics.values())
         return AgentLoopOutput(
-            prompt_ids=trace.token_ids[:start],
-            response_ids=response_ids,
-            response_mask=mask,
-            response_logprobs=trace.logprobs[start:end] if session.trace.require_logprobs else None,
-            num_turns=1 + sum(1 for s in trace.segments if s.kind != "prompt"),
-            metrics=AgentLoopMetrics(generate_sequences=session.generate_seconds, tool_calls=tool_seconds,
-                                     num_preempted=session.num_preempted),
+            **fields,
+            metrics=AgentLoopMetrics(generate_sequences=stats.generate_seconds, tool_calls=tool_seconds,
+                                     num_preempted=stats.num_preempted),
             extra_fields=extra,
         )
