@@ -445,10 +445,6 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--ef-search", type=int, default=None, help="HNSW search breadth")
     g.add_argument("--mmap-index", action="store_true", help="memory-map a CPU index file instead of reading it")
     g.add_argument("--threads", type=int, default=None, help="CPU threads for the encoder and FAISS")
-    g.add_argument("--compute", choices=["thread", "process"], default="thread",
-                   help="encode + search in a worker thread (default) or in a child process that never waits for "
-                        "the event loop's GIL and keeps the model out of the HTTP process (measured no faster on 2 "
-                        "cores, and slower at c=1)")
     g.add_argument("--switch-interval-ms", type=float, default=_SWITCH_INTERVAL_MS,
                    help="Python's GIL switch interval: how long the compute thread may wait for the GIL while "
                         "the event loop holds it, at every torch op boundary (Python's default is 5)")
@@ -479,7 +475,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     """Load the index named on the command line and serve it until SIGINT/SIGTERM."""
-    from rag.compute_process import ProcessRetriever
     from rag.index import IndexOptions
     from rag.retriever import Retriever
 
@@ -498,26 +493,16 @@ def main(argv: list[str] | None = None) -> None:
                            shard=not args.replicate, fp16=not args.no_fp16, temp_memory_mb=args.temp_memory_mb,
                            nprobe=args.nprobe, ef_search=args.ef_search, threads=args.threads,
                            search_backend=args.search_backend, torch_chunk_mb=args.torch_chunk_mb)
-    process: ProcessRetriever | None = None
-    retriever: RetrieverLike
-    if args.compute == "process":
-        process = ProcessRetriever(args.index_dir, options, threads=args.threads, mmap_index=args.mmap_index)
-        retriever = process
-    else:
-        retriever = Retriever.load(args.index_dir, options, threads=args.threads, mmap_index=args.mmap_index)
-        retriever.search(["warm-up query"], 1)
+    retriever = Retriever.load(args.index_dir, options, threads=args.threads, mmap_index=args.mmap_index)
+    retriever.search(["warm-up query"], 1)
     token = args.token or token_from_env()
     settings = ServerSettings(token=token, drain_timeout=args.drain_timeout, body_timeout=args.body_timeout, **{
         k: getattr(args, k) for k in ("max_batch_size", "max_queue", "cache_passages", "max_top_k", "max_query_chars",
                                       "max_batch_queries", "max_body_bytes", "retry_after")})
     if args.host not in _LOOPBACK and token is None:
         logger.warning("serving on %s without a bearer token: anyone who can reach the port can query", args.host)
-    try:
-        serve(create_app(retriever, settings), args.host, args.port, limits, server=args.http_server,
-              log_level=args.log_level, access_log=args.access_log, drain_timeout=args.drain_timeout)
-    finally:
-        if process is not None:
-            process.close()
+    serve(create_app(retriever, settings), args.host, args.port, limits, server=args.http_server,
+          log_level=args.log_level, access_log=args.access_log, drain_timeout=args.drain_timeout)
 
 
 if __name__ == "__main__":
