@@ -133,16 +133,20 @@ def compose(*overrides: str) -> Any:
 
 def build_loop(tokenizer: Any, server: FakeServerManager, *overrides: str, fail_with: str | None = None,
                stand_in_tool: bool = True, **loop_overrides: Any) -> tuple[StrandsAgentLoop, Any]:
-    """Instantiate the YAML's loop entry exactly as verl's AgentLoopWorker does (optionally with a stand-in tool)."""
+    """Instantiate the YAML's loop entry exactly as verl's AgentLoopWorker does (optionally with a stand-in tool).
+
+    ``loop_overrides`` replace settings of the recipe's ``rllm.agent_loop`` block, where the loop reads them.
+    """
     config = compose("data.max_prompt_length=1024", "data.max_response_length=1024",
                      "actor_rollout_ref.rollout.max_model_len=4096", *overrides)
     entries = OmegaConf.load(config.actor_rollout_ref.rollout.agent.agent_loop_config_path)
     (entry,) = [e for e in entries if e.name == config.actor_rollout_ref.rollout.agent.default_agent_loop]
+    settings = config.rllm.agent_loop
     if stand_in_tool:
-        entry.tool_factory = f"{__name__}:lookup_tools"
-        entry.tool_kwargs = {"fail_with": fail_with}
+        settings.tool_factory = f"{__name__}:lookup_tools"
+        settings.tool_kwargs = {"fail_with": fail_with}
     for key, value in loop_overrides.items():
-        entry[key] = value
+        settings[key] = value
     loop = hydra.utils.instantiate(
         config=entry,
         trainer_config=DictConfigWrap(config=config),
@@ -482,7 +486,7 @@ def search_then_answer_with_top_title(prompt: str) -> str:
 
 
 async def test_real_search_tool_against_a_real_retrieval_server(tokenizer, retrieval_server, monkeypatch) -> None:
-    monkeypatch.setenv("RETRIEVAL_SERVER_URL", retrieval_server.base_url)  # read by the YAML's tool_kwargs
+    monkeypatch.setenv("RETRIEVAL_SERVER_URL", retrieval_server.base_url)  # read by the recipe's tool_kwargs
     server = FakeServerManager(tokenizer, search_then_answer_with_top_title)
     loop, _ = build_loop(tokenizer, server, stand_in_tool=False)
     assert loop.tool_factory == "rllm.agents.search:search_tools"

@@ -36,9 +36,14 @@ ADDED_KEYS = {
     "actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype": "FSDP engine _build_fsdp_module",
     "reward.custom_reward_function.reward_kwargs.scorer": "rllm.integrations.verl.reward.compute_score",
     "reward.custom_reward_function.reward_kwargs.partial_credit": "rllm.agents.search.score_search_answer",
-    "ray_kwargs.ray_init.runtime_env.env_vars.RETRIEVAL_SERVER_URL": "ray.init runtime_env (agent-loop tool)",
     "ray_kwargs.ray_init.runtime_env.env_vars.RETRIEVAL_TOKEN": "ray.init runtime_env (agent-loop tool)",
     "rllm.max_infra_failure_share": "rllm.integrations.verl.manager.StrandsAgentLoopManager",
+    "rllm.agent_loop.tool_factory": "rllm.integrations.verl.agent_loop.loop_settings",
+    "rllm.agent_loop.tool_kwargs.retrieval_url": "rllm.integrations.verl.agent_loop.loop_settings",
+    "rllm.agent_loop.system_prompt": "rllm.integrations.verl.agent_loop.loop_settings",
+    "rllm.agent_loop.budget": "rllm.integrations.verl.agent_loop.loop_settings",
+    "rllm.agent_loop.timeout_s": "rllm.integrations.verl.agent_loop.loop_settings",
+    "rllm.agent_loop.infra_exceptions": "rllm.integrations.verl.agent_loop.loop_settings",
     "actor_rollout_ref.rollout.agent.agent_loop_manager_class": "verl.trainer.main_ppo TaskRunnerV1 (RolloutConfig)",
     "data.apply_chat_template_kwargs.enable_thinking": "chat template (RLHFDataset, StrandsAgentLoop)",
 }
@@ -88,7 +93,7 @@ def test_recipe_composes_and_passes_verls_validation() -> None:
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
 
     assert not need_critic(config) and not need_reference_policy(config)
-    assert config.ray_kwargs.ray_init.runtime_env.env_vars.RETRIEVAL_SERVER_URL.startswith("http")
+    assert config.rllm.agent_loop.tool_kwargs.retrieval_url.startswith("http")
     assert config.trainer.save_freq > 0 and config.trainer.test_freq > 0 and config.trainer.val_before_train
 
 
@@ -204,3 +209,65 @@ def test_launcher_refuses_a_retrieval_server_that_rejects_the_token(tmp_path_fac
         assert f"an authenticated POST {server.base_url}/retrieve failed" in run.stderr
         assert "HTTP 401" in run.stderr and "set RETRIEVAL_TOKEN" in run.stderr
     assert "the client sent no token" in result.stderr and "a token it does not accept" in wrong.stderr
+
+
+# ---------------------------------------------------------------- the loop's settings: the recipe alone
+def test_the_loop_reads_its_settings_from_the_recipe_and_evaluations_budget(monkeypatch) -> None:
+    from rllm.agents.search import DEFAULT_SEARCH_BUDGET
+    from rllm.integrations.verl.agent_loop import loop_settings
+
+    monkeypatch.setenv("RETRIEVAL_SERVER_URL", "http://10.0.0.7:8123")
+    settings = loop_settings(prepare_config(compose()))
+    assert settings.tool_factory == "rllm.agents.search:search_tools"
+    assert settings.tool_kwargs == {"retrieval_url": "http://10.0.0.7:8123"}  # resolved by the launcher
+    assert settings.budget == DEFAULT_SEARCH_BUDGET and settings.tool_parser == "hermes"
+    assert settings.timeout_s == 600 and settings.infra_exceptions == () and settings.system_prompt is None
+    # verl's own keys that this loop can honour, it honours.
+    honoured = loop_settings(compose("actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
+                                     "actor_rollout_ref.rollout.multi_turn.format=qwen3_coder"))
+    assert honoured.budget.max_model_turns == 3 and honoured.budget.max_tool_calls == 16
+    assert honoured.tool_parser == "qwen3_coder"
+    mapped = loop_settings(compose("rllm.agent_loop.budget={max_model_turns:4,max_tool_calls:5}"))
+    assert (mapped.budget.max_model_turns, mapped.budget.max_tool_calls) == (4, 5)
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("actor_rollout_ref.rollout.multi_turn.max_tool_response_length=512", "multi_turn.max_tool_response_length=512"),
+    ("actor_rollout_ref.rollout.multi_turn.max_user_turns=4", "multi_turn.max_user_turns=4"),
+    ("actor_rollout_ref.rollout.multi_turn.max_parallel_calls=4", "multi_turn.max_parallel_calls=4"),
+    ("actor_rollout_ref.rollout.multi_turn.use_inference_chat_template=true", "use_inference_chat_template=True"),
+    ("actor_rollout_ref.rollout.multi_turn.format=llama3_json", "multi_turn.format: unknown tool parser"),
+    ("+rllm.agent_loop.max_turns=4", r"unknown keys \['rllm.agent_loop.max_turns'\]"),
+    ("rllm.agent_loop.tool_factory=null", "rllm.agent_loop.tool_factory must name"),
+    ("rllm.agent_loop.budget={max_turns:4}", r"budget: unknown keys \['max_turns'\]"),
+], ids=["tool_response_length", "user_turns", "parallel_calls", "inference_template", "format", "unknown_key",
+        "no_factory", "budget_key"])
+def test_settings_the_loop_would_ignore_are_refused_at_launch(override: str, message: str) -> None:
+    config = prepare_config(compose(override))
+    with pytest.raises(ValueError, match=message):
+        validate(config)  # the launcher's check, before Ray starts
+
+
+def test_settings_in_the_agent_loop_yaml_entry_are_refused(tmp_path) -> None:
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap
+
+    from rllm.integrations.verl.agent_loop import StrandsAgentLoop
+
+    config = prepare_config(compose())
+    with pytest.raises(TypeError, match=r"\['max_model_turns', 'tool_factory'\].*rllm.agent_loop"):
+        StrandsAgentLoop(trainer_config=DictConfigWrap(config), server_manager=None, tokenizer=None, processor=None,
+                         dataset_cls=None, data_config=DictConfigWrap(config.data), tool_factory="x:y",
+                         max_model_turns=3)
+
+
+def test_the_recipes_and_the_launch_script_are_package_data() -> None:
+    """A normal (non-editable) install has them: they are found through the packages, not a clone."""
+    import importlib.resources
+
+    from rllm.integrations.verl.train import CONFIG_DIR
+
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert '"rllm.integrations.verl" = ["config/*.yaml"]' in pyproject and '"rag" = ["launch_rag.sh"]' in pyproject
+    assert CONFIG_DIR == Path(str(importlib.resources.files("rllm.integrations.verl") / "config"))
+    assert {p.name for p in CONFIG_DIR.glob("*.yaml")} == {"agent_loops.yaml", f"{CONFIG_NAME}.yaml"}
+    assert (importlib.resources.files("rag") / "launch_rag.sh").is_file()

@@ -2,7 +2,8 @@
 
     python examples/strands/train_strands_agent.py [--dry-run] [hydra overrides ...]
 
-The recipe is ``config/strands_hotpotqa_rloo.yaml``; the launcher lives in ``rllm.integrations.verl.train``.
+The recipe is ``rllm/integrations/verl/config/strands_hotpotqa_rloo.yaml`` (package data); the launcher
+lives in ``rllm.integrations.verl.train``.
 """
 
 import sys

@@ -25,11 +25,13 @@ usage() {
 Usage: bash examples/strands/train_strands_agent.sh [--dry-run] [hydra overrides ...]
 
 Trains the Strands search agent on HotpotQA with verl (recipe:
-examples/strands/config/strands_hotpotqa_rloo.yaml). Overrides use Hydra syntax, e.g.
+rllm/integrations/verl/config/strands_hotpotqa_rloo.yaml). Overrides use Hydra syntax, e.g.
   actor_rollout_ref.model.path=/models/Qwen3-4B trainer.logger=[console,file,wandb]
+  rllm.agent_loop.timeout_s=900 actor_rollout_ref.rollout.multi_turn.max_assistant_turns=6
 
 Environment:
-  RETRIEVAL_SERVER_URL  retrieval server (now: $RETRIEVAL_SERVER_URL); start: bash rag/launch_rag.sh
+  RETRIEVAL_SERVER_URL  retrieval server (now: $RETRIEVAL_SERVER_URL); start: bash rag/launch_rag.sh;
+                        written into the recipe (rllm.agent_loop.tool_kwargs.retrieval_url)
   RETRIEVAL_TOKEN       the server's bearer token (now: $token_state); the same
                         variable rag/launch_rag.sh reads; passed to the rollout workers
   HOTPOTQA_DIR          train/validation parquet (now: $HOTPOTQA_DIR); make: python scripts/prepare_hotpotqa.py

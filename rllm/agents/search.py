@@ -42,16 +42,18 @@ def resolve_retrieval_url(url: str | None = None) -> str:
     return url or os.environ.get("RETRIEVAL_SERVER_URL") or DEFAULT_RETRIEVAL_URL
 
 
-def search_tools(retrieval_url: str | None = None, **kwargs: Any) -> list[Any]:
-    """The search agent's tools: ``local_search`` bound to the retrieval server.
+def search_tools(retrieval_url: str, **kwargs: Any) -> list[Any]:
+    """The search agent's tools: ``local_search`` bound to the retrieval server at ``retrieval_url``.
 
     ``kwargs`` go to ``rag.client.make_local_search_tool`` (``token``, ``max_chars``, ``timeout``,
-    ``max_retries``); the token defaults to ``$RETRIEVAL_TOKEN``.
+    ``max_retries``). The URL is always given (by the recipe in training, by
+    ``search_workflow_args`` in evaluation); only the token, a secret, defaults to
+    ``$RETRIEVAL_TOKEN`` (which the recipe passes to the rollout workers through Ray's runtime_env).
     """
     from rag.client import make_local_search_tool
 
     kwargs.setdefault("token", os.environ.get("RETRIEVAL_TOKEN") or None)
-    return [make_local_search_tool(resolve_retrieval_url(retrieval_url), **kwargs)]
+    return [make_local_search_tool(retrieval_url, **kwargs)]
 
 
 def format_question(task: dict[str, Any]) -> str:
@@ -84,7 +86,7 @@ def search_workflow_args(
         **tool_kwargs: ``search_tools`` arguments (``token``, ``max_chars``, ``timeout``, ...).
     """
     return {
-        "tools": search_tools(retrieval_url, **tool_kwargs),
+        "tools": search_tools(resolve_retrieval_url(retrieval_url), **tool_kwargs),
         "system_prompt": system_prompt,
         "reward_fn": RewardSearchFn(partial_credit=partial_credit),
         "budget": budget,

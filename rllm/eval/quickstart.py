@@ -24,7 +24,7 @@ from rich.panel import Panel
 
 from rllm.errors import SetupError
 from rllm.eval.reports import format_trajectory, search_report
-from rllm.eval.search import REPO, add_model_arguments, check_model_arguments, model_and_retrieval, run_search_eval
+from rllm.eval.search import RUNS_DIR, add_model_arguments, check_model_arguments, model_and_retrieval, run_search_eval
 from rllm.types import Episode
 
 
@@ -48,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--max-tool-calls", type=int, default=8)
     run.add_argument("--timeout", type=float, default=900.0, help="seconds per rollout attempt")
     run.add_argument("--retry-limit", type=int, default=2)
-    run.add_argument("--output-dir", type=Path, default=REPO / "runs" / "quickstart")
+    run.add_argument("--output-dir", type=Path, default=RUNS_DIR / "quickstart")
     run.add_argument("--resume", action="store_true",
                      help="keep the episodes of an earlier run and add the missing ones")
     run.add_argument("--no-progress", action="store_true")

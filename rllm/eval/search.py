@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.resources
 import json
 import logging
 import os
@@ -50,8 +51,10 @@ from rllm.workflows import AgentWorkflowEngine, StrandsWorkflow
 
 logger = logging.getLogger("search_agent")
 
-REPO = Path(__file__).resolve().parents[2]
-"""The repository root (``rag/launch_rag.sh``, ``runs/``): rllm is installed editable from a clone."""
+RUNS_DIR = Path("runs")
+"""Where runs write by default, relative to the working directory (the clone's root in the README)."""
+LAUNCH_RAG = importlib.resources.files("rag") / "launch_rag.sh"
+"""The retrieval launcher, package data of ``rag``: found in a normal install as in a clone."""
 DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
 TINY_MODEL_HINT = (
     "python -c \"from pathlib import Path; from rllm.testing.tiny_models import build_tiny_model_dir; "
@@ -169,7 +172,7 @@ class RetrievalProcess:
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "PYTHON": sys.executable}
-        command = ["bash", str(REPO / "rag" / "launch_rag.sh"), index_dir or "default", self.url.rsplit(":", 1)[1]]
+        command = ["bash", str(LAUNCH_RAG), index_dir or "default", self.url.rsplit(":", 1)[1]]
         with log_path.open("w") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
                                             start_new_session=True)
@@ -334,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     console = Console()
 
     name = "scripted" if args.scripted else (args.model or DEFAULT_MODEL)
-    out_dir = args.output_dir or REPO / "runs" / "hotpotqa" / _slug(name)
+    out_dir = args.output_dir or RUNS_DIR / "hotpotqa" / _slug(name)
     out_dir.mkdir(parents=True, exist_ok=True)
     episodes_path = out_dir / "episodes.jsonl"
     if args.overwrite:

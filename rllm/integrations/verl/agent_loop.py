@@ -1,8 +1,9 @@
 """``StrandsAgentLoop``: a verl agent loop that runs an unchanged Strands agent on exact tokens.
 
 verl (0.9.1) builds one agent loop per trajectory from the YAML list named by
-``actor_rollout_ref.rollout.agent.agent_loop_config_path`` and calls ``run(sampling_params,
-**row)``. This loop builds a ``StrandsAgent`` over ``RLLMModel(VerlEngine(server_manager))`` for
+``actor_rollout_ref.rollout.agent.agent_loop_config_path`` (an entry that only names this class)
+and calls ``run(sampling_params, **row)``. The loop reads its settings from the recipe alone, as
+verl's own loops read ``multi_turn.*`` (see ``loop_settings``). This loop builds a ``StrandsAgent`` over ``RLLMModel(VerlEngine(server_manager))`` for
 the row, runs it with ``invoke_async`` and returns the rollout's ``TokenTrace`` as an
 ``AgentLoopOutput``: ``prompt_ids`` is the first rendered prompt, ``response_ids`` everything after
 it (sampled and tool tokens, capped at ``rollout.response_length``), ``response_mask`` 1 exactly on
@@ -32,10 +33,10 @@ mostly dropped.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,18 +47,132 @@ from rllm.engine.rollout.verl_engine import VerlEngine, VerlSession
 from rllm.integrations.strands import Budget, StrandsAgent, describe_failure
 from rllm.integrations.strands.rollout import build_agent, read_rollout, rollout_termination
 from rllm.integrations.verl._dotted import import_object
+from rllm.parser import get_tool_parser
 from rllm.types import TerminationReason
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_TOOL_FACTORY = "rllm.agents.search:search_tools"
-DEFAULT_INFRA_EXCEPTIONS: tuple[str, ...] = ()
-"""Exception classes that, raised by a tool, mean its backend failed, besides ``InfrastructureError``.
+SETTINGS_KEY = "rllm.agent_loop"
+"""Where the recipe holds the loop's settings (the fields of ``LoopSettings``)."""
+MULTI_TURN_KEY = "actor_rollout_ref.rollout.multi_turn"
 
-Empty: tools mark their own backend failures by raising ``rllm.errors.ToolBackendError`` (as
-``local_search`` does). Name a third-party tool's exception here (``httpx.TransportError``) only
-when it can never be the policy's doing.
-"""
+_UNSUPPORTED_MULTI_TURN = {
+    "max_user_turns": "limit tool rounds with the budget's max_tool_iterations (rllm.agent_loop.budget)",
+    "max_parallel_calls": "the agent runs every call of a turn; limit calls with the budget's max_tool_calls",
+    "max_tool_response_length": "tools bound their own output (local_search: rllm.agent_loop.tool_kwargs.max_chars)",
+    "tool_response_truncate_side": "tools bound their own output (local_search: rllm.agent_loop.tool_kwargs.max_chars)",
+    "use_inference_chat_template": "the loop trains on the exact tokens it sampled (token-in/token-out)",
+    "tokenization_sanity_check_mode": "the loop checks the chat template when its engine is built (TemplateError)",
+    "tool_config_path": "the loop runs the Strands tools of rllm.agent_loop.tool_factory",
+    "function_tool_path": "the loop runs the Strands tools of rllm.agent_loop.tool_factory",
+}
+"""verl ``multi_turn`` keys that would shape a rollout and that this loop cannot honour: a value other
+than verl's default is refused, with what to do instead. (``format`` and ``max_assistant_turns``
+are honoured; ``enable`` and ``num_repeat_rollouts`` shape no rollout of this loop.)"""
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """What the loop runs, from the recipe's ``rllm.agent_loop`` block and verl's ``multi_turn`` keys.
+
+    Attributes:
+        tool_factory: ``module:function`` returning the agent's Strands tools (required).
+        tool_kwargs: Keyword arguments for ``tool_factory`` (e.g. ``retrieval_url``).
+        system_prompt: Used when the row's prompt has no system message (a row without one and a
+            ``None`` here is refused).
+        budget: The episode ``Budget``: ``budget`` in the block (a dotted path to a ``Budget``,
+            or a mapping of its fields), its model calls replaced by ``multi_turn.max_assistant_turns``
+            when that is set.
+        tool_parser: How tool calls are parsed from sampled text: ``multi_turn.format``.
+        timeout_s: Wall-clock limit per rollout; a rollout that runs past it is an infrastructure
+            failure (a hung tool or server), excluded from the update. ``None``: no limit.
+        infra_exceptions: Further exception classes (``infra_exceptions`` in the block, dotted
+            paths) that, raised by a tool, mark the rollout as an infrastructure failure
+            (``rllm.errors.InfrastructureError`` always does). Empty by default: tools mark their
+            own backend failures by raising ``rllm.errors.ToolBackendError`` (as ``local_search``
+            does); name a third-party exception (``httpx.TransportError``) only when it can never
+            be the policy's doing.
+    """
+
+    tool_factory: str
+    tool_kwargs: dict[str, Any]
+    system_prompt: str | None
+    budget: Budget
+    tool_parser: str
+    timeout_s: float | None
+    infra_exceptions: tuple[type[BaseException], ...]
+
+
+_BLOCK_KEYS = ("tool_factory", "tool_kwargs", "system_prompt", "budget", "timeout_s", "infra_exceptions")
+
+
+def _budget(value: Any) -> Budget:
+    if value is None:
+        return Budget()
+    if isinstance(value, str):
+        budget = import_object(value)
+        if not isinstance(budget, Budget):
+            raise TypeError(f"{SETTINGS_KEY}.budget: {value} is a {type(budget).__name__}, not a Budget")
+        return budget
+    if isinstance(value, dict):
+        fields = {f.name for f in dataclasses.fields(Budget)}
+        unknown = sorted(set(value) - fields)
+        if unknown:
+            raise ValueError(f"{SETTINGS_KEY}.budget: unknown keys {unknown}; a Budget has {sorted(fields)}")
+        return Budget(**value)
+    raise TypeError(f"{SETTINGS_KEY}.budget must be a dotted path to a Budget or a mapping, not {value!r}")
+
+
+def _check_multi_turn(multi_turn: dict[str, Any]) -> None:
+    from verl.workers.config import MultiTurnConfig
+
+    defaults = {f.name: f.default for f in dataclasses.fields(MultiTurnConfig)}
+    for key, instead in _UNSUPPORTED_MULTI_TURN.items():
+        if key in multi_turn and multi_turn[key] != defaults.get(key):
+            raise ValueError(f"StrandsAgentLoop cannot honour {MULTI_TURN_KEY}.{key}={multi_turn[key]!r}; "
+                             f"leave it at verl's default ({defaults.get(key)!r}): {instead}")
+
+
+def loop_settings(config: Any) -> LoopSettings:
+    """The loop's settings from the (composed) trainer config; a clear error for anything it would ignore.
+
+    Raises ``ValueError`` (naming the key) for a missing ``rllm.agent_loop`` block or
+    ``tool_factory``, an unknown key in the block, an unknown ``multi_turn.format``, and a
+    ``multi_turn`` key set to a value the loop cannot honour.
+    """
+    block = OmegaConf.select(config, SETTINGS_KEY, default=None)
+    if block is None:
+        raise ValueError(f"StrandsAgentLoop reads its settings from the recipe's {SETTINGS_KEY} block "
+                         f"({', '.join(_BLOCK_KEYS)}), which this config lacks")
+    values = dict(_plain(block))
+    unknown = sorted(set(values) - set(_BLOCK_KEYS))
+    if unknown:
+        raise ValueError(f"unknown keys {[f'{SETTINGS_KEY}.{k}' for k in unknown]}; "
+                         f"StrandsAgentLoop reads {', '.join(_BLOCK_KEYS)}")
+    if not values.get("tool_factory"):
+        raise ValueError(f"{SETTINGS_KEY}.tool_factory must name the agent's tools (module:function)")
+    multi_turn = dict(_plain(OmegaConf.select(config, MULTI_TURN_KEY, default=None)) or {})
+    _check_multi_turn(multi_turn)
+    budget = _budget(values.get("budget"))
+    if multi_turn.get("max_assistant_turns") is not None:
+        budget = dataclasses.replace(budget, max_model_turns=int(multi_turn["max_assistant_turns"]))
+    tool_parser = str(multi_turn.get("format") or "hermes")
+    try:
+        get_tool_parser(tool_parser)
+    except ValueError as error:
+        raise ValueError(f"{MULTI_TURN_KEY}.format: {error}") from None
+    timeout = values.get("timeout_s")
+    return LoopSettings(
+        tool_factory=str(values["tool_factory"]),
+        tool_kwargs=dict(values.get("tool_kwargs") or {}),
+        system_prompt=values.get("system_prompt"),
+        budget=budget,
+        tool_parser=tool_parser,
+        timeout_s=None if timeout is None else float(timeout),
+        infra_exceptions=tuple(import_object(path) for path in values.get("infra_exceptions") or ()),
+    )
+
+
 OUTCOME_KWARG = "rllm_outcome"
 """The keyword under which a worker may pass ``run`` a ``RolloutOutcome`` to fill in."""
 
@@ -120,55 +235,39 @@ def split_prompt(raw_prompt: Any) -> tuple[str | None, list[dict[str, Any]]]:
 class StrandsAgentLoop(AgentLoopBase):
     """Runs a Strands agent per trajectory inside verl and returns its exact token trace.
 
-    Keyword arguments come from the agent-loop YAML entry (next to ``name`` and ``_target_``);
-    the rest (``trainer_config``, ``server_manager``, ``tokenizer``, ...) from verl's worker.
+    verl's worker passes ``trainer_config``, ``server_manager``, ``tokenizer``, ... and the
+    agent-loop YAML entry's ``name``; the loop's own settings come from that trainer config
+    (``loop_settings``), never from the YAML entry, which may only name the class.
 
     Args:
-        tool_factory: ``module:function`` returning the agent's Strands tools.
-        tool_kwargs: Keyword arguments for ``tool_factory`` (e.g. ``retrieval_url``).
-        system_prompt: Used when the row's prompt has no system message (a row without one and a
-            ``None`` here is refused).
-        max_model_turns, max_tool_iterations, max_tool_calls: The episode ``Budget``.
-        tool_parser: How tool calls are parsed from sampled text (``hermes`` for Qwen3).
-        timeout_s: Wall-clock limit per rollout; a rollout that runs past it is an infrastructure
-            failure (a hung tool or server), excluded from the update. ``None``: no limit.
-        infra_exceptions: Dotted names of further exception classes that, raised by a tool, mark
-            the rollout as an infrastructure failure (``rllm.errors.InfrastructureError`` always does).
         tools: verl's own tool list (``rollout.multi_turn.tool_config_path``); must be empty,
             since this loop runs Strands tools.
+        name: The entry's name; names the recorded trajectory.
     """
 
-    def __init__(
-        self,
-        *args: Any,
-        tool_factory: str = DEFAULT_TOOL_FACTORY,
-        tool_kwargs: dict[str, Any] | None = None,
-        system_prompt: str | None = None,
-        max_model_turns: int | None = None,
-        max_tool_iterations: int | None = None,
-        max_tool_calls: int | None = None,
-        tool_parser: str = "hermes",
-        timeout_s: float | None = None,
-        infra_exceptions: Sequence[str] = DEFAULT_INFRA_EXCEPTIONS,
-        tools: Any = None,
-        name: str | None = None,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *args: Any, tools: Any = None, name: str | None = None, **kwargs: Any) -> None:
+        misplaced = sorted(set(kwargs) & {*_BLOCK_KEYS, "max_model_turns", "max_tool_iterations", "max_tool_calls",
+                                          "tool_parser"})
+        if misplaced:
+            raise TypeError(f"StrandsAgentLoop got {misplaced} from its agent-loop YAML entry; its settings come "
+                            f"from the recipe alone: set them under {SETTINGS_KEY} (the tool parser is "
+                            f"{MULTI_TURN_KEY}.format)")
         super().__init__(*args, **kwargs)
         if tools is not None and getattr(tools, "tools", None):
             raise ValueError(
                 "StrandsAgentLoop runs the Strands tools of tool_factory; unset "
                 "actor_rollout_ref.rollout.multi_turn.tool_config_path / function_tool_path"
             )
+        settings = loop_settings(self.config)
+        self.settings = settings
         self.name = name or "strands_agent"
-        self.tool_factory = tool_factory
-        self.tool_kwargs = dict(_plain(tool_kwargs) or {})
-        self.system_prompt = system_prompt
-        self.budget = Budget(max_model_turns=max_model_turns, max_tool_iterations=max_tool_iterations,
-                             max_tool_calls=max_tool_calls)
-        self.tool_parser = tool_parser
-        self.timeout_s = timeout_s
-        self.infra_exceptions = tuple(import_object(path) for path in _plain(infra_exceptions) or ())
+        self.tool_factory = settings.tool_factory
+        self.tool_kwargs = settings.tool_kwargs
+        self.system_prompt = settings.system_prompt
+        self.budget = settings.budget
+        self.tool_parser = settings.tool_parser
+        self.timeout_s = settings.timeout_s
+        self.infra_exceptions = settings.infra_exceptions
         self.prompt_length = int(self.rollout_config.prompt_length)
         self.response_length = int(self.rollout_config.response_length)
         self.context_length = int(self.rollout_config.get("max_model_len") or self.prompt_length + self.response_length)

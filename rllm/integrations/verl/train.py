@@ -1,21 +1,23 @@
 """Launch verl training from a Hydra recipe: compose, make paths absolute, validate, hand to verl's ``main``.
 
-The default recipe is ``examples/strands/config/strands_hotpotqa_rloo.yaml`` (the Strands HotpotQA
-search agent: RLOO, Qwen3-4B, 8 GPUs, fp16; it extends verl's ``ppo_trainer``); the agent
-runs inside verl as ``rllm.integrations.verl.agent_loop.StrandsAgentLoop``. This script composes
-the recipe with any Hydra overrides, makes the file paths in it absolute (Ray workers may not
-share this working directory), resolves it and hands it to verl's own ``main``, which validates
-it and starts the trainer.
+The default recipe is ``strands_hotpotqa_rloo.yaml``, shipped in this package's ``config/`` (the
+Strands HotpotQA search agent: RLOO, Qwen3-4B, 8 GPUs, fp16; it extends verl's ``ppo_trainer``);
+the agent runs inside verl as ``rllm.integrations.verl.agent_loop.StrandsAgentLoop``, which reads
+its settings from the recipe. This script composes the recipe with any Hydra overrides, makes the
+file paths in it absolute (Ray workers may not share this working directory), resolves it (so the
+workers get values, not environment lookups), checks the agent loop's settings and hands it to
+verl's own ``main``, which validates it and starts the trainer.
 
-    python examples/strands/train_strands_agent.py [--dry-run] [hydra overrides ...]
+    python -m rllm.integrations.verl.train [--dry-run] [hydra overrides ...]
 
-``--dry-run`` validates the composed config with verl's ``validate_config`` and prints it,
-resolved, without starting Ray, a GPU or the retrieval server.
+``--dry-run`` validates the composed config with verl's ``validate_config`` and the loop's
+``loop_settings`` and prints it, resolved, without starting Ray, a GPU or the retrieval server.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.resources
 import logging
 import sys
 from pathlib import Path
@@ -25,8 +27,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 logger = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
-CONFIG_DIR = REPO_ROOT / "examples" / "strands" / "config"
+CONFIG_DIR = Path(str(importlib.resources.files("rllm.integrations.verl") / "config"))
+"""The shipped recipes (package data, so a normal install has them too)."""
 CONFIG_NAME = "strands_hotpotqa_rloo"
 DRY_RUN_FLAG = "--dry-run"
 TOKEN_ENV = "RETRIEVAL_TOKEN"
@@ -44,20 +46,37 @@ def _absolute(path: str, *roots: Path) -> str:
 
 
 def prepare_config(config: DictConfig) -> DictConfig:
-    """Resolve interpolations and make the data and agent-loop paths absolute, in place."""
+    """Resolve interpolations and make the data and agent-loop paths absolute, in place.
+
+    Data files are relative to the working directory; the agent-loop registry to the working
+    directory, else the shipped recipes' directory.
+    """
     OmegaConf.resolve(config)
     cwd = Path.cwd()
     with open_dict(config):
         agent = config.actor_rollout_ref.rollout.agent
         if agent.agent_loop_config_path:
-            agent.agent_loop_config_path = _absolute(agent.agent_loop_config_path, cwd, REPO_ROOT)
+            agent.agent_loop_config_path = _absolute(agent.agent_loop_config_path, cwd, CONFIG_DIR)
         for key in ("train_files", "val_files"):
             files = config.data[key]
             if isinstance(files, str):
-                config.data[key] = _absolute(files, cwd, REPO_ROOT)
+                config.data[key] = _absolute(files, cwd)
             else:
-                config.data[key] = [_absolute(f, cwd, REPO_ROOT) for f in files]
+                config.data[key] = [_absolute(f, cwd) for f in files]
     return config
+
+
+def check_agent_loops(config: DictConfig) -> None:
+    """Check the settings of every ``StrandsAgentLoop`` the registry names, as each worker will read them."""
+    path = OmegaConf.select(config, "actor_rollout_ref.rollout.agent.agent_loop_config_path")
+    if not path:
+        return
+    from rllm.integrations.verl.agent_loop import StrandsAgentLoop, loop_settings
+
+    target = f"{StrandsAgentLoop.__module__}.{StrandsAgentLoop.__qualname__}"
+    entries = OmegaConf.to_container(OmegaConf.load(path))
+    if any(isinstance(entry, dict) and entry.get("_target_") == target for entry in entries or []):
+        loop_settings(config)
 
 
 def _masked(config: DictConfig) -> DictConfig:
@@ -70,11 +89,12 @@ def _masked(config: DictConfig) -> DictConfig:
 
 
 def validate(config: DictConfig) -> None:
-    """Verl's own config checks, as ``verl.trainer.main_ppo.main`` runs them."""
+    """Verl's own config checks, as ``verl.trainer.main_ppo.main`` runs them, and the agent loop's settings."""
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 
     validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    check_agent_loops(config)
 
 
 def _run(config: DictConfig, dry_run: bool) -> None:
@@ -85,6 +105,7 @@ def _run(config: DictConfig, dry_run: bool) -> None:
         print(OmegaConf.to_yaml(_masked(config), resolve=True), end="")
         logger.info("dry run: the config composes and passes verl's validation; nothing was started")
         return
+    check_agent_loops(config)  # a bad setting fails here, not in every rollout worker
     from verl.trainer.main_ppo import main as verl_main
 
     # verl's main is a @hydra.main function; given a config it runs on it directly
