@@ -79,6 +79,14 @@ class ToolBackendError(InfrastructureError):
     """
 
 
+class ServerStartError(RLLMError):
+    """A server subprocess exited before it was ready (``returncode``), or did not answer in time (``None``)."""
+
+    def __init__(self, message: str, *, returncode: int | None = None) -> None:
+        super().__init__(message)
+        self.returncode = returncode
+
+
 class SystemicFailureError(RLLMError):
     """The same non-infrastructure error ended ``count`` rollouts: a bug or a misconfiguration.
 

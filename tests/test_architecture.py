@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("core records, tokens and errors", ("rllm.errors", "rllm.retry", "rllm.types", "rllm.tokens", "rllm.parser")),
+    ("core records, tokens and errors", ("rllm.errors", "rllm.retry", "rllm.types", "rllm.tokens", "rllm.parser", "rllm.processes")),
     ("rollout engines", ("rllm.engine",)),
     ("test kit", ("rllm.testing",)),
     ("task pieces: data, rewards, tools, retrieval", ("rllm.data", "rllm.rewards", "rllm.tools", "rag")),

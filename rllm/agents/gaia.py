@@ -19,6 +19,7 @@ from rllm.integrations.strands import Budget
 from rllm.integrations.strands.rollout import build_agent
 from rllm.rewards.gaia_reward import RewardGaiaFn
 from rllm.testing.scripted_server import ScriptedReply, ScriptedToolCall
+from rllm.tokens.renderer import content_text
 from rllm.tools import gaia_tools
 from rllm.types import Episode
 from rllm.workflows import StrandsWorkflow
@@ -130,12 +131,6 @@ _ATTACHMENT = re.compile(r"attached file, `([^`]+)`")
 _EXPRESSION = re.compile(r"(?<![\w.])\(?\d[\d,.]*(?:\s*[-+*/^]\s*\(?\d[\d,.]*\)?)+")
 
 
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    return "".join(part.get("text", "") for part in content or [] if isinstance(part, dict))
-
-
 def _last_value(tool_output: str) -> str:
     """The last value in a tool's output: the last cell of a table row or the value of a "key: value" line."""
     lines = [line.strip() for line in tool_output.splitlines()]
@@ -159,7 +154,7 @@ def scripted_gaia_policy(body: dict[str, Any]) -> ScriptedReply:
     some tasks right and some wrong, which is what a demo of the scoring needs.
     """
     messages = body["messages"]
-    question = _text(next(m["content"] for m in messages if m["role"] == "user"))
+    question = content_text(next(m["content"] for m in messages if m["role"] == "user"))
     calls = [c["function"]["name"] for m in messages if m["role"] == "assistant" for c in m.get("tool_calls") or []]
     attachment = _ATTACHMENT.search(question)
     if not calls:
@@ -176,6 +171,6 @@ def scripted_gaia_policy(body: dict[str, Any]) -> ScriptedReply:
         code = f"import runpy\nrunpy.run_path({attachment.group(1)!r}, run_name='__main__')"
         return ScriptedReply(content="Let me run the program.",
                              tool_calls=[ScriptedToolCall("python_exec", json.dumps({"code": code}))])
-    last_output = _text(next(m["content"] for m in reversed(messages) if m["role"] == "tool"))
+    last_output = content_text(next(m["content"] for m in reversed(messages) if m["role"] == "tool"))
     answer = _last_value(last_output)
     return ScriptedReply(content=f"Based on the tool output, the answer is clear.\nFINAL ANSWER: {answer}")

@@ -22,6 +22,7 @@ from typing import Any
 from rllm.integrations.strands import Budget
 from rllm.integrations.verl.rows import AGENT_NAME, verl_row
 from rllm.rewards.search_reward import RewardSearchFn, normalize_answer
+from rllm.tokens.renderer import content_text
 
 SEARCH_SYSTEM_PROMPT = (
     "You answer questions by searching a collection of Wikipedia paragraphs with the local_search tool.\n"
@@ -125,10 +126,6 @@ _TITLES = re.compile(r"^\[\d+\] (.+)$", re.MULTILINE)
 _YES_NO_OPENINGS = ("are ", "is ", "was ", "were ", "do ", "does ", "did ", "can ", "has ", "have ")
 
 
-def _text(content: Any) -> str:
-    return content if isinstance(content, str) else " ".join(part.get("text", "") for part in content or [])
-
-
 def _baseline_answer(question: str, passages: str) -> str:
     """Yes for a yes/no question; else the first retrieved title the question does not already name."""
     if question.strip().lower().startswith(_YES_NO_OPENINGS):
@@ -152,12 +149,12 @@ def scripted_search_reply(body: dict[str, Any]) -> Any:
     from rllm.testing.scripted_server import ScriptedReply, ScriptedToolCall
 
     messages = body["messages"]
-    question = _text(next(m["content"] for m in messages if m["role"] == "user"))
+    question = content_text(next(m["content"] for m in messages if m["role"] == "user"), " ")
     results = [m for m in messages if m["role"] == "tool"]
     if not results:
         return ScriptedReply(
             content="Let me search for that.",
             tool_calls=[ScriptedToolCall("local_search", json.dumps({"query": question, "top_k": 3}))],
         )
-    answer = _baseline_answer(question, _text(results[-1]["content"]))
+    answer = _baseline_answer(question, content_text(results[-1]["content"], " "))
     return ScriptedReply(content=f"Based on the passages, the answer is \\boxed{{{answer}}}.")

@@ -11,6 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from rllm.tokens.renderer import content_text
 from rllm.types import Episode, TerminationReason
 
 
@@ -83,12 +84,6 @@ def print_report(report: dict[str, Any], console: Console, title: str = "HotpotQ
     console.print(reasons)
 
 
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    return " ".join(part.get("text", "") for part in content or [] if isinstance(part, dict))
-
-
 def format_trajectory(episode: Episode, width: int = 100) -> str:
     """A compact account of one episode: each turn's tool calls (with the titles found) and the answer."""
     task = episode.task or {}
@@ -100,7 +95,7 @@ def format_trajectory(episode: Episode, width: int = 100) -> str:
             lines.append(f"  turn {index}: {call.name}({arguments})"[:width])
             result = next((o for o in step.observation if o.get("tool_call_id") == call.id), None)
             if result is not None:
-                text = _text(result.get("content"))
+                text = content_text(result.get("content"), " ")
                 titles = re.findall(r"^\[\d+\] (.+)$", text, re.MULTILINE)
                 summary = "; ".join(titles) if titles else text.replace("\n", " ")
                 lines.append(f"          -> {summary}"[:width])

@@ -28,9 +28,6 @@ import json
 import logging
 import os
 import re
-import signal
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -43,9 +40,10 @@ from rich.console import Console
 from rllm.agents.search import DEFAULT_SEARCH_BUDGET, scripted_search_reply, search_workflow_args
 from rllm.data.hotpotqa import load_hotpotqa
 from rllm.engine.rollout import OpenAIEngine
-from rllm.errors import ModelUnreachableError, SetupError
+from rllm.errors import ModelUnreachableError, ServerStartError, SetupError
 from rllm.eval.reports import print_report, search_report
 from rllm.integrations.strands import Budget
+from rllm.processes import ServerProcess, free_port, log_tail
 from rllm.types import Episode
 from rllm.workflows import AgentWorkflowEngine, StrandsWorkflow
 
@@ -147,19 +145,6 @@ def rollout_engine(args: argparse.Namespace, model_path: str | None = None) -> I
 
 
 # ------------------------------------------------------------------------------------ retrieval
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _log_tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
 class RetrievalProcess:
     """``rag/launch_rag.sh`` in its own process group: started at once, awaited on demand, stopped on exit.
 
@@ -168,44 +153,27 @@ class RetrievalProcess:
     """
 
     def __init__(self, log_path: Path, *, index_dir: str | None = None, port: int | None = None) -> None:
-        self.url = f"http://127.0.0.1:{port or _free_port()}"
+        self.url = f"http://127.0.0.1:{port or free_port()}"
         self.log_path = log_path
-        log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "PYTHON": sys.executable}
         command = ["bash", str(LAUNCH_RAG), index_dir or "default", self.url.rsplit(":", 1)[1]]
-        with log_path.open("w") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                            start_new_session=True)
+        self.server = ServerProcess(command, log_path, env=env)
+        self.process = self.server.process
 
     def wait_ready(self, timeout: float = 900.0) -> dict[str, Any]:
         """Poll ``/health`` until it answers; ``SetupError`` with the log's tail if the server dies or times out."""
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.process.poll() is not None:
-                raise SetupError(f"the retrieval server exited with status {self.process.returncode} before it was "
-                                 f"ready; last lines of {self.log_path}:\n{_log_tail(self.log_path)}")
-            try:
-                response = httpx.get(f"{self.url}/health", timeout=2.0)
-                if response.status_code == 200:
-                    return response.json()
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise SetupError(f"the retrieval server was not ready after {timeout:.0f}s; see {self.log_path}")
-            time.sleep(0.5)
+        try:
+            return self.server.wait_ready(f"{self.url}/health", timeout).json()
+        except ServerStartError as error:
+            if error.returncode is not None:
+                raise SetupError(f"the retrieval server exited with status {error.returncode} before it was "
+                                 f"ready; last lines of {self.log_path}:\n"
+                                 f"{log_tail(self.log_path, 15, '(no log)')}") from None
+            raise SetupError(f"the retrieval server was not ready after {timeout:.0f}s; see {self.log_path}") from None
 
     def stop(self) -> None:
         """Stop the process group (the launcher, an index build, the server), politely first."""
-        if self.process.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        self.server.stop(timeout=30)
 
     def __enter__(self) -> RetrievalProcess:
         return self

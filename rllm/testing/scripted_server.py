@@ -23,6 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from rllm.testing.uvicorn_thread import UvicornThread
+from rllm.tokens.renderer import content_text
 
 logger = logging.getLogger(__name__)
 
@@ -79,15 +80,9 @@ class ToyChatTokens:
     def _chars(cls, text: str) -> list[int]:
         return [cls.CHAR_BASE + ord(c) for c in text]
 
-    @staticmethod
-    def _text(content: Any) -> str:
-        if isinstance(content, list):
-            return "".join(part.get("text", "") for part in content if isinstance(part, dict))
-        return content or ""
-
     @classmethod
     def _body(cls, content: Any, tool_calls: Sequence[tuple[str, str]]) -> list[int]:
-        ids = cls._chars(cls._text(content))
+        ids = cls._chars(content_text(content))
         for name, arguments in tool_calls:
             ids += [cls.CALL, *cls._chars(name), cls.ARGS, *cls._chars(arguments), cls.CALL_END]
         return ids

@@ -89,6 +89,17 @@ class TemplateProbe:
     think_prefilled: bool
 
 
+def content_text(content: Any, sep: str = "") -> str:
+    """The text of an OpenAI-format message content, leniently: a string as is, else its blocks' texts joined with ``sep``.
+
+    Blocks without text (an image) and anything that is not a block add nothing; ``None`` is "".
+    ``flatten_content`` is the strict reading a chat template gets.
+    """
+    if isinstance(content, str):
+        return content
+    return sep.join(part.get("text", "") for part in content or [] if isinstance(part, dict))
+
+
 def flatten_content(content: Any, where: str) -> str:
     """One string for a message's content: its text blocks joined with ``"\\n"``, as vLLM does.
 

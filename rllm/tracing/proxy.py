@@ -22,8 +22,6 @@ import logging
 import os
 import secrets
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,6 +32,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import rllm
+from rllm.errors import ServerStartError
+from rllm.processes import ServerProcess, free_port, log_tail
 
 logger = logging.getLogger(__name__)
 
@@ -216,12 +216,6 @@ logging.getLogger("rllm.tracing").info("rllm capture %s, trace store %s", "on" i
 
 
 # --------------------------------------------------------------------------- process
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class ProxyProcess:
     """A LiteLLM proxy subprocess on 127.0.0.1; ``with ProxyProcess(config) as proxy: proxy.base_url``.
 
@@ -239,12 +233,11 @@ class ProxyProcess:
         self._own_run_dir = run_dir is None
         self.run_dir = Path(run_dir or tempfile.mkdtemp(prefix="rllm-proxy-"))
         self._fixed_port = port is not None
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.api_key = "sk-rllm-" + secrets.token_hex(24)
         self.startup_timeout = startup_timeout
         self._venv = venv
-        self._process: subprocess.Popen[bytes] | None = None
-        self._log_file: Any = None
+        self._server: ServerProcess | None = None
 
     @property
     def base_url(self) -> str:
@@ -257,7 +250,7 @@ class ProxyProcess:
 
     @property
     def running(self) -> bool:
-        return self._process is not None and self._process.poll() is None
+        return self._server is not None and self._server.running
 
     def start(self) -> ProxyProcess:
         """Write the config, launch ``litellm`` and return once it answers health checks."""
@@ -268,7 +261,7 @@ class ProxyProcess:
         except ProxyError:
             if self._fixed_port or "address already in use" not in self._log_tail().lower():
                 raise
-            self.port = _free_port()  # another process took the free port between picking and binding
+            self.port = free_port()  # another process took the free port between picking and binding
             return self._start()
 
     def _start(self) -> ProxyProcess:
@@ -286,9 +279,7 @@ class ProxyProcess:
                    "--port", str(self.port), "--num_workers", "1"]
         logger.info("starting the LiteLLM proxy from its own environment %s on %s (log: %s)", root, self.base_url,
                     self.log_path)
-        self._log_file = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the process's lifetime
-        self._process = subprocess.Popen(command, cwd=self.run_dir, env=env, stdout=self._log_file,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        self._server = ServerProcess(command, self.log_path, env=env, cwd=self.run_dir, append=True)
         try:
             self._wait_ready()
         except BaseException:
@@ -297,41 +288,25 @@ class ProxyProcess:
         return self
 
     def _wait_ready(self) -> None:
-        import httpx
-
-        deadline = time.monotonic() + self.startup_timeout
-        url = f"http://127.0.0.1:{self.port}/health/readiness"
-        while time.monotonic() < deadline:
-            if self._process is None or self._process.poll() is not None:
-                raise ProxyError(f"the LiteLLM proxy exited during start-up; see {self.log_path}:\n{self._log_tail()}")
-            try:
-                if httpx.get(url, timeout=2.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.25)
-        raise ProxyError(f"the LiteLLM proxy did not answer within {self.startup_timeout} s; see {self.log_path}")
+        assert self._server is not None
+        try:
+            self._server.wait_ready(f"http://127.0.0.1:{self.port}/health/readiness", self.startup_timeout,
+                                    interval=0.25)
+        except ServerStartError as error:
+            if error.returncode is not None:
+                raise ProxyError(f"the LiteLLM proxy exited during start-up; see {self.log_path}:\n"
+                                 f"{self._log_tail()}") from None
+            raise ProxyError(f"the LiteLLM proxy did not answer within {self.startup_timeout} s; "
+                             f"see {self.log_path}") from None
 
     def _log_tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        return log_tail(self.log_path, lines)
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop the proxy (SIGTERM, then SIGKILL after ``timeout``); traces it acknowledged are already stored."""
-        process, self._process = self._process, None
-        if process is not None and process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                logger.warning("the LiteLLM proxy did not stop within %s s; killing it", timeout)
-                process.kill()
-                process.wait(timeout=10)
-        if self._log_file is not None:
-            self._log_file.close()
-            self._log_file = None
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop(timeout)
 
     def restart(self) -> ProxyProcess:
         """Stop and start again on the same port, key and store."""

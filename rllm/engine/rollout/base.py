@@ -27,6 +27,7 @@ __all__ = [
     "EngineThrottledError",
     "EngineUnavailableError",
     "RolloutEngine",
+    "mentions_context_overflow",
     "select_sampling_params",
 ]
 
@@ -58,6 +59,24 @@ SAMPLING_PARAMS: frozenset[str] = frozenset(
         "min_tokens",
     }
 )
+
+
+CONTEXT_OVERFLOW_PHRASES = (
+    "context length",
+    "maximum context",
+    "context_length_exceeded",
+    "max_model_len",
+    "too long",
+    "too many tokens",
+    "exceed",
+)
+"""What an OpenAI-compatible server, SGLang or vLLM writes when a prompt does not fit the context window."""
+
+
+def mentions_context_overflow(message: str) -> bool:
+    """Whether an engine's error message says the prompt does not fit the context window."""
+    message = message.lower()
+    return any(phrase in message for phrase in CONTEXT_OVERFLOW_PHRASES)
 
 
 def select_sampling_params(params: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:

@@ -17,10 +17,9 @@ from rllm.engine.rollout.base import (
     EngineRequestError,
     EngineThrottledError,
     EngineUnavailableError,
+    mentions_context_overflow,
 )
 from rllm.retry import PerLoop, backoff_retrying
-
-_CONTEXT_PHRASES = ("context length", "maximum context", "too long", "max_model_len", "exceed")
 
 
 class _RetryableStatus(Exception):
@@ -97,7 +96,7 @@ class JSONClient:
                                          url=url, cause=cause) from error
         if response.status_code >= 400:
             cause = f"HTTP {response.status_code}: {response.text[:500]}"
-            if any(phrase in response.text.lower() for phrase in _CONTEXT_PHRASES):
+            if mentions_context_overflow(response.text):
                 raise ContextLengthExceededError(f"{url}: context window exceeded: {cause}", url=url, cause=cause)
             raise EngineRequestError(f"{url} rejected the request: {cause}", url=url, cause=cause)
         return response.json()

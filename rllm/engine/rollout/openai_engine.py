@@ -20,6 +20,7 @@ from rllm.engine.rollout.base import (
     EngineRequestError,
     EngineThrottledError,
     EngineUnavailableError,
+    mentions_context_overflow,
     select_sampling_params,
 )
 from rllm.retry import PerLoop, backoff_retrying
@@ -28,15 +29,6 @@ from rllm.types import ModelOutput, ToolCall
 logger = logging.getLogger(__name__)
 
 _USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
-_CONTEXT_OVERFLOW_PHRASES = (
-    "maximum context length",
-    "context_length_exceeded",
-    "context length",
-    "max_model_len",
-    "prompt is too long",
-    "input is too long",
-    "too many tokens",
-)
 
 
 def _is_retryable(error: BaseException) -> bool:
@@ -60,9 +52,7 @@ def _describe(error: BaseException) -> str:
 
 def is_context_overflow(error: BaseException) -> bool:
     """Whether an OpenAI-style error says the prompt does not fit the context window."""
-    code = getattr(error, "code", None)
-    message = str(error).lower()
-    return code == "context_length_exceeded" or any(phrase in message for phrase in _CONTEXT_OVERFLOW_PHRASES)
+    return getattr(error, "code", None) == "context_length_exceeded" or mentions_context_overflow(str(error))
 
 
 class OpenAIEngine:

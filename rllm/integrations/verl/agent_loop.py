@@ -48,6 +48,7 @@ from rllm.integrations.strands import Budget, StrandsAgent, describe_failure
 from rllm.integrations.strands.rollout import build_agent, read_rollout, rollout_termination
 from rllm.integrations.verl._dotted import import_object
 from rllm.parser import get_tool_parser
+from rllm.tokens.renderer import content_text
 from rllm.types import TerminationReason
 
 logger = logging.getLogger(__name__)
@@ -213,12 +214,6 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _text_of(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    return "".join(part.get("text", "") for part in content or [] if isinstance(part, dict))
-
-
 def split_prompt(raw_prompt: Any) -> tuple[str | None, list[dict[str, Any]]]:
     """The row's system prompt (if its first message is one) and the rest as Strands messages."""
     messages = [dict(m) for m in _plain(raw_prompt)]
@@ -226,10 +221,10 @@ def split_prompt(raw_prompt: Any) -> tuple[str | None, list[dict[str, Any]]]:
         raise ValueError("the row's prompt has no messages")
     system = None
     if messages[0].get("role") == "system":
-        system = _text_of(messages.pop(0).get("content"))
+        system = content_text(messages.pop(0).get("content"))
     if not messages:
         raise ValueError("the row's prompt has a system message but no user message")
-    return system, [{"role": m["role"], "content": [{"text": _text_of(m.get("content"))}]} for m in messages]
+    return system, [{"role": m["role"], "content": [{"text": content_text(m.get("content"))}]} for m in messages]
 
 
 class StrandsAgentLoop(AgentLoopBase):
