@@ -148,3 +148,17 @@ def test_scripted_policy_searches_then_answers_from_titles() -> None:
     yes = scripted_search_reply({"messages": [{"role": "user", "content": "Are both bands from Ohio?"},
                                               {"role": "tool", "tool_call_id": "c", "content": passages}]})
     assert "\\boxed{yes}" in yes.content
+
+
+def test_an_eval_whose_engine_is_unreachable_stops_with_its_cause_and_exit_1(rag_url: str, tmp_path: Path,
+                                                                              capsys) -> None:
+    from rllm.processes import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
+    code = cli.main(["--base-url", dead, "--model", "m", "--retrieval-url", rag_url, "--n", "4", "--retry-limit", "0",
+                     "--output-dir", str(tmp_path), "--no-progress"])
+    printed = capsys.readouterr().out
+    assert code == 1
+    assert "run stopped" in printed and "failed on infrastructure" in printed and "127.0.0.1" in printed
+    episodes = _episodes(tmp_path / "episodes.jsonl")  # what finished is kept
+    assert episodes and all(e.termination_reason is TerminationReason.ENGINE_ERROR for e in episodes)

@@ -14,7 +14,6 @@ server. Run it through ``bash scripts/quickstart.sh`` (``examples/strands/quicks
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 from pathlib import Path
@@ -22,9 +21,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.panel import Panel
 
-from rllm.errors import SetupError
 from rllm.eval.reports import format_trajectory, search_report
-from rllm.eval.search import RUNS_DIR, add_model_arguments, check_model_arguments, model_and_retrieval, run_search_eval
+from rllm.eval.search import RUNS_DIR, add_model_arguments, check_model_arguments, run_search_cli
 from rllm.types import Episode
 
 
@@ -68,17 +66,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args.resume:
         episodes_path.unlink(missing_ok=True)
 
-    try:
-        with model_and_retrieval(args, args.output_dir / "rag_server.log", console) as (engine, description, url):
-            console.print(f"HotpotQA search agent: {args.n} question(s) x {args.rollouts} rollout(s), "
-                          f"model {description}, retrieval {url}")
-            episodes = asyncio.run(run_search_eval(args, engine, url, episodes_path))
-    except SetupError as error:
-        console.print(f"[bold red]error:[/bold red] {error}", highlight=False)
-        return 2
-    except KeyboardInterrupt:
-        console.print(f"interrupted: finished episodes are kept in {episodes_path} (rerun with --resume)")
-        return 130
+    def announce(description: str) -> str:
+        return f"HotpotQA search agent: {args.n} question(s) x {args.rollouts} rollout(s), model {description}"
+
+    episodes = run_search_cli(args, console, args.output_dir / "rag_server.log", episodes_path, announce,
+                              resume_hint="rerun with --resume")
+    if isinstance(episodes, int):
+        return episodes
 
     report = search_report(episodes)
     console.print(Panel(format_trajectory(_sample(episodes), width=max(60, console.width - 4)),

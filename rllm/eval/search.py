@@ -30,7 +30,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,13 @@ from rich.console import Console
 from rllm.agents.search import DEFAULT_SEARCH_BUDGET, scripted_search_reply, search_workflow_args
 from rllm.data.hotpotqa import load_hotpotqa
 from rllm.engine.rollout import OpenAIEngine
-from rllm.errors import ModelUnreachableError, ServerStartError, SetupError
+from rllm.errors import (
+    InfrastructureFailureRateError,
+    ModelUnreachableError,
+    ServerStartError,
+    SetupError,
+    SystemicFailureError,
+)
 from rllm.eval.reports import print_report, search_report
 from rllm.integrations.strands import Budget
 from rllm.processes import ServerProcess, free_port, log_tail
@@ -246,6 +252,29 @@ async def run_search_eval(args: argparse.Namespace, engine: Any, url: str, outpu
             await close()
 
 
+def run_search_cli(args: argparse.Namespace, console: Console, log_path: Path, episodes_path: Path,
+                   announce: Callable[[str], str], *, resume_hint: str) -> list[Episode] | int:
+    """Start the model and retrieval, run the search eval and return its episodes, or the exit status.
+
+    2: a set-up problem (no model, no server); 1: the run stopped itself (the same error ended
+    several rollouts, or too many failed on infrastructure), what finished kept; 130: Ctrl-C.
+    """
+    try:
+        with model_and_retrieval(args, log_path, console) as (engine, description, url):
+            console.print(announce(description) + f", retrieval {url}", highlight=False)
+            return asyncio.run(run_search_eval(args, engine, url, episodes_path))
+    except SetupError as error:
+        console.print(f"[bold red]error:[/bold red] {error}", highlight=False)
+        return 2
+    except (SystemicFailureError, InfrastructureFailureRateError) as error:
+        console.print(f"[bold red]run stopped:[/bold red] {error}\nfinished episodes are kept in {episodes_path}",
+                      highlight=False)
+        return 1
+    except KeyboardInterrupt:
+        console.print(f"interrupted: finished episodes are kept in {episodes_path}; {resume_hint}")
+        return 130
+
+
 def add_model_arguments(parser: argparse.ArgumentParser, *, max_tokens: int) -> None:
     """The model, retrieval and sampling options shared by the eval and the quickstart."""
     model = parser.add_argument_group("model (default: Qwen/Qwen3-0.6B run locally with transformers)")
@@ -310,17 +339,13 @@ def main(argv: list[str] | None = None) -> int:
     episodes_path = out_dir / "episodes.jsonl"
     if args.overwrite:
         episodes_path.unlink(missing_ok=True)
-    try:
-        with model_and_retrieval(args, out_dir / "rag_server.log", console) as (engine, description, url):
-            console.print(f"model: {description}; temperature {args.temperature}; "
-                          f"{args.rollouts} rollout(s) per question")
-            episodes = asyncio.run(run_search_eval(args, engine, url, episodes_path))
-    except SetupError as error:
-        console.print(f"[bold red]error:[/bold red] {error}", highlight=False)
-        return 2
-    except KeyboardInterrupt:
-        console.print(f"interrupted: finished episodes are kept in {episodes_path}; rerun the same command to resume")
-        return 130
+    def announce(description: str) -> str:
+        return f"model: {description}; temperature {args.temperature}; {args.rollouts} rollout(s) per question"
+
+    episodes = run_search_cli(args, console, out_dir / "rag_server.log", episodes_path, announce,
+                              resume_hint="rerun the same command to resume")
+    if isinstance(episodes, int):
+        return episodes
     report = search_report(episodes)
     print_report(report, console)
     (out_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
