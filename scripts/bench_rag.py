@@ -349,7 +349,7 @@ class ThisServer(_System):
 
     name = "this server"
 
-    def __init__(self, index_dir: Path, max_batch_size: int, threads: int | None, extra: list[str],
+    def __init__(self, index_dir: Path, max_batch_size: int | None, threads: int | None, extra: list[str],
                  repo: Path = REPO, name: str | None = None) -> None:
         self.index_dir, self.max_batch_size, self.threads, self.extra = index_dir, max_batch_size, threads, extra
         self.repo = repo
@@ -357,7 +357,9 @@ class ThisServer(_System):
 
     def start(self, port: int) -> subprocess.Popen:
         cmd = [sys.executable, "-m", "rag.server", "--index-dir", str(self.index_dir), "--port", str(port),
-               "--max-batch-size", str(self.max_batch_size), "--log-level", "warning", *self.extra]
+               "--log-level", "warning", *self.extra]
+        if self.max_batch_size:
+            cmd += ["--max-batch-size", str(self.max_batch_size)]
         if self.threads:
             cmd += ["--threads", str(self.threads)]
         return subprocess.Popen(cmd, cwd=self.repo, env={**os.environ, "PYTHONPATH": str(self.repo)},
@@ -551,6 +553,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variant", action="append", default=[], metavar="LABEL=ARGS",
                    help="also run this server with extra arguments, as its own column (repeatable), "
                         "e.g. 'si1=--switch-interval-ms 1'")
+    p.add_argument("--batch-from-sweep", action="store_true", help="serve with --max-batch-size = the sweep's best "
+                   "batch (default: the server's own default, 128; a noisy sweep can pick a batch that hurts)")
     p.add_argument("--skip-servers", action="store_true", help="measure the ceiling only")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -575,13 +579,14 @@ def main(argv: list[str] | None = None) -> int:
         messages.append("SKIPPED the server levels: wrk is not installed and could not be installed "
                         "(apt-get install -y wrk); only the ceiling was measured")
     else:
-        systems.append(ThisServer(index_dir, raw["best_batch"], args.threads, args.server_arg))
+        batch = raw["best_batch"] if args.batch_from_sweep else None
+        systems.append(ThisServer(index_dir, batch, args.threads, args.server_arg))
         if args.baseline_repo:
-            systems.append(ThisServer(index_dir, raw["best_batch"], args.threads, [], Path(args.baseline_repo),
+            systems.append(ThisServer(index_dir, batch, args.threads, [], Path(args.baseline_repo),
                                       f"baseline ({Path(args.baseline_repo).name})"))
         for variant in args.variant:
             label, _, extra = variant.partition("=")
-            systems.append(ThisServer(index_dir, raw["best_batch"], args.threads, [*args.server_arg, *shlex.split(extra)],
+            systems.append(ThisServer(index_dir, batch, args.threads, [*args.server_arg, *shlex.split(extra)],
                                       name=f"variant {label}"))
         if args.anchor:
             systems.append(Anchor(Path(args.anchor), index_dir, args.anchor_window, args.anchor_batch))
