@@ -182,7 +182,7 @@ class Batcher:
         results = self._compute(queries, max(top_ks))
         if len(results) != len(queries):
             raise RuntimeError(f"retriever returned {len(results)} answers for {len(queries)} queries")
-        return [Answer(r[:k], _to_json(r[:k])) for r, k in zip(results, top_ks)]
+        return [Answer(r[:k], _to_json(r[:k])) for r, k in zip(results, top_ks, strict=True)]
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -212,7 +212,7 @@ class Batcher:
             self.stats.compute_seconds += elapsed
             if self._on_batch is not None:
                 self._on_batch(len(batch), elapsed)
-            for item, answer in zip(batch, results):
+            for item, answer in zip(batch, results, strict=True):
                 key = (item.query, item.top_k)
                 self._cache.put(key, answer)
                 self._inflight.pop(key, None)

@@ -110,7 +110,7 @@ def _run_granian(app: Any, host: str, port: int, limits: HttpLimits, *, log_leve
 
 
 def uvicorn_options(limits: HttpLimits) -> dict[str, Any]:
-    """uvicorn settings closest to ``limits``: h11 (bounded heads), a connection cap, a keep-alive timeout.
+    """The uvicorn settings closest to ``limits``: h11 (bounded heads), a connection cap, a keep-alive timeout.
 
     uvicorn answers connections past ``limit_concurrency`` with 503 and has no header read timeout:
     a connection that sends half a head stays open. Use it only where granian cannot be installed.

@@ -80,7 +80,7 @@ class TorchFlatIndex:
         self.chunk_bytes = max(1, chunk_mb) << 20
         bounds = np.linspace(0, self.ntotal, len(self.devices) + 1).astype(np.int64)
         self._shards = [self._build_shard(rows_of, int(lo), int(hi), dev)
-                        for lo, hi, dev in zip(bounds[:-1], bounds[1:], self.devices)]
+                        for lo, hi, dev in zip(bounds[:-1], bounds[1:], self.devices, strict=True)]
         logger.info("torch flat %s index: %d x %d as %s on %s", metric, self.ntotal, self.d,
                     str(self.dtype).removeprefix("torch."), ", ".join(self.devices))
 

@@ -38,11 +38,11 @@ import resource
 import shlex
 import shutil
 import signal
-import tempfile
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -256,6 +256,8 @@ end
 
 @dataclass
 class LevelResult:
+    """One system at one concurrency and mix."""
+
     system: str
     mix: str
     concurrency: int
@@ -273,7 +275,7 @@ class LevelResult:
 
 
 def _wrk_binary() -> str | None:
-    """wrk on PATH, installing the Debian package when we are root and apt-get exists; None if it cannot be had."""
+    """The wrk binary on PATH, installing the Debian package when we are root and apt-get exists; None if it cannot be had."""
     found = shutil.which("wrk")
     if found or os.geteuid() != 0 or shutil.which("apt-get") is None:
         return found

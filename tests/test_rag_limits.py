@@ -114,16 +114,16 @@ def _retrieve(url: str, query: str) -> int:
 def test_stalled_and_silent_connections_are_closed_while_retrieve_answers(server: _Server) -> None:
     start = time.monotonic()
     stalled: list[tuple[str, socket.socket]] = []
-    for i in range(32):  # half-sent bodies
+    for _ in range(32):  # half-sent bodies
         s = _connect(server.port)
         s.sendall(b"POST /retrieve HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
                   b"content-length: 100\r\n\r\n{\"query\": \"sta")
         stalled.append(("body", s))
-    for i in range(16):  # half-sent heads
+    for _ in range(16):  # half-sent heads
         s = _connect(server.port)
         s.sendall(b"POST /retrieve HTTP/1.1\r\nhost: x\r\ncontent-le")
         stalled.append(("head", s))
-    for i in range(16):  # nothing at all
+    for _ in range(16):  # nothing at all
         stalled.append(("silent", _connect(server.port)))
     # Others are served meanwhile.
     answered = [_retrieve(server.url, f"who wrote stalled story {i}") for i in range(5)]
