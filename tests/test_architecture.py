@@ -79,8 +79,6 @@ def test_no_lower_layer_imports_a_higher_one() -> None:
 
 
 _EXAMPLE_MODULES = tuple(sorted(p.stem for p in (ROOT / "examples").rglob("*.py")))
-_NOT_YET_MOVED = {"tests/test_rag_client.py"}
-"""Owned by the retrieval work running in parallel; it still loads examples/strands/retrieve_tool.py."""
 
 
 @pytest.mark.parametrize("folder", ["tests", "scripts", "rllm", "rag"])
@@ -91,7 +89,7 @@ def test_nothing_imports_from_examples(folder: str) -> None:
         text = path.read_text(encoding="utf-8")
         loads = "sys.path.insert" in text or "spec_from_file_location" in text
         named = [m for m in _EXAMPLE_MODULES if f"{m}.py" in text or f"from {m} import" in text]
-        if name not in _NOT_YET_MOVED and path != Path(__file__) and loads and named:
+        if path != Path(__file__) and loads and named:
             offenders.append(name)
     assert not offenders, f"examples/ holds scripts that call the library; nothing imports them: {offenders}"
 
