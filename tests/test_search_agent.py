@@ -8,6 +8,7 @@ the scripted policy over real HTTP, or ``TransformersEngine`` on a tiny random Q
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -150,15 +151,34 @@ def test_scripted_policy_searches_then_answers_from_titles() -> None:
     assert "\\boxed{yes}" in yes.content
 
 
-def test_an_eval_whose_engine_is_unreachable_stops_with_its_cause_and_exit_1(rag_url: str, tmp_path: Path,
-                                                                              capsys) -> None:
+def test_an_eval_whose_engine_is_unreachable_stops_before_any_rollout_with_exit_2(rag_url: str, tmp_path: Path,
+                                                                                  capsys) -> None:
     from rllm.processes import free_port
 
     dead = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
-    code = cli.main(["--base-url", dead, "--model", "m", "--retrieval-url", rag_url, "--n", "4", "--retry-limit", "0",
+    started = time.perf_counter()
+    code = cli.main(["--base-url", dead, "--model", "m", "--retrieval-url", rag_url, "--n", "4",
                      "--output-dir", str(tmp_path), "--no-progress"])
     printed = capsys.readouterr().out
-    assert code == 1
-    assert "run stopped" in printed and "failed on infrastructure" in printed and "127.0.0.1" in printed
-    episodes = _episodes(tmp_path / "episodes.jsonl")  # what finished is kept
-    assert episodes and all(e.termination_reason is TerminationReason.ENGINE_ERROR for e in episodes)
+    assert code == 2 and time.perf_counter() - started < 15
+    assert "model endpoint (--base-url)" in printed and "unreachable" in printed and dead in printed
+    assert not (tmp_path / "episodes.jsonl").exists() or not _episodes(tmp_path / "episodes.jsonl")
+
+
+def test_an_unreachable_retrieval_url_stops_before_any_rollout(tmp_path: Path, capsys) -> None:
+    from rllm.processes import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    code = cli.main(["--scripted", "--retrieval-url", dead, "--n", "2", "--output-dir", str(tmp_path), "--no-progress"])
+    assert code == 2 and "retrieval server (--retrieval-url)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("option", ["--base-url", "--retrieval-url"])
+def test_a_url_without_a_scheme_is_refused_up_front(option: str, capsys) -> None:
+    argv = ["--base-url", "127.0.0.1:9/v1", "--model", "m"] if option == "--base-url" else \
+        ["--scripted", "--retrieval-url", "127.0.0.1:8000"]
+    with pytest.raises(SystemExit) as exited:
+        cli.main(argv)
+    assert exited.value.code == 2
+    error = capsys.readouterr().err
+    assert f"{option}: '127.0.0.1" in error and "http:// or https://" in error

@@ -30,6 +30,7 @@ import os
 import re
 import sys
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -201,6 +202,27 @@ def _random_weight_fallback(args: argparse.Namespace, error: ModelUnreachableErr
     return str(build_random_qwen3_dir())
 
 
+def check_reachable(url: str, path: str, what: str, timeout: float = 5.0) -> None:
+    """Raise ``SetupError`` when nothing answers at ``url`` (any HTTP status counts as an answer).
+
+    Checked before any work starts, so a wrong or dead URL costs one line and a few seconds
+    instead of every rollout's retries.
+    """
+    try:
+        httpx.get(url.rstrip("/") + path, timeout=timeout)
+    except httpx.HTTPError as error:
+        raise SetupError(f"{what} at {url} is unreachable ({type(error).__name__}: {error or 'no answer'}); "
+                         f"start it or fix the URL") from error
+
+
+def _url_problem(url: str) -> str | None:
+    """Why ``url`` is not an http(s) URL with a host, or None when it is."""
+    parsed = urllib.parse.urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        return f"{url!r} is not an http:// or https:// URL with a host (e.g. http://127.0.0.1:30000/v1)"
+    return None
+
+
 @contextlib.contextmanager
 def model_and_retrieval(args: argparse.Namespace, log_path: Path, console: Console) -> Iterator[tuple[Any, str, str]]:
     """The rollout engine, its description and the retrieval URL, for the duration of a run.
@@ -217,6 +239,10 @@ def model_and_retrieval(args: argparse.Namespace, log_path: Path, console: Conso
             if args.model:
                 raise
             model_path = _random_weight_fallback(args, error, console)
+    if args.base_url:
+        check_reachable(args.base_url, "/models", "model endpoint (--base-url)")
+    if args.retrieval_url:
+        check_reachable(args.retrieval_url, "/health", "retrieval server (--retrieval-url)")
     with contextlib.ExitStack() as stack:
         server = None
         if not args.retrieval_url:
@@ -300,6 +326,10 @@ def check_model_arguments(parser: argparse.ArgumentParser, args: argparse.Namesp
         parser.error("--scripted replaces the model; drop --model / --base-url")
     if args.base_url and not args.model:
         parser.error("--base-url needs --model NAME (the model name the endpoint serves)")
+    for option, url in (("--base-url", args.base_url), ("--retrieval-url", args.retrieval_url)):
+        problem = url and _url_problem(url)
+        if problem:
+            parser.error(f"{option}: {problem}")
     if args.temperature is None:
         args.temperature = 0.0 if args.rollouts == 1 else 0.7
     args.random_weights = False
