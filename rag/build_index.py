@@ -14,6 +14,7 @@ import argparse
 import json
 import logging
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,7 @@ from rag.corpus import Corpus, passage_text, write_jsonl
 from rag.encoder import MINILM, Encoder
 from rag.index import new_index
 from rag.manifest import IndexType, Manifest, Metric
+from rllm.errors import SetupError
 
 logger = logging.getLogger(__name__)
 
@@ -161,10 +163,22 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> None:
-    """CLI entry point."""
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point: 0 when the index is written, 2 with one line when the corpus or encoder cannot be had."""
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        _build(args)
+    except SetupError as error:
+        print(f"rag.build_index: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _build(args: argparse.Namespace) -> None:
+    if args.corpus and not Path(args.corpus).is_file():
+        raise SetupError(f"corpus {args.corpus} does not exist (write it first, e.g. python scripts/prepare_hotpotqa.py "
+                         f"--out-dir data/hotpotqa, or use --demo)")
     if args.demo:
         build_demo_index(args.out, limit=args.limit)
         return
@@ -176,4 +190,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from rag.manifest import Manifest
+from rllm.errors import ModelUnreachableError
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +69,12 @@ class Encoder:
         self.normalize = normalize
         self.device = device
         self._torch = torch
-        self._model = SentenceTransformer(resolve_encoder(name, base_dir), device=device)
+        try:
+            self._model = SentenceTransformer(resolve_encoder(name, base_dir), device=device)
+        except OSError as error:  # offline and not cached, or a path that is not a model
+            why = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise ModelUnreachableError(f"encoder {name!r} cannot be loaded: {why} (offline? pass a local model "
+                                        f"directory with --encoder, or the default {MINILM})", why) from error
         if max_seq_length:
             self._model.max_seq_length = max_seq_length
         if fp16 and device.startswith("cuda"):

@@ -14,6 +14,12 @@
 #   deprecated alias), PYTHON (interpreter, default python, else python3).
 set -euo pipefail
 
+if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
+    sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"
+    echo "Extra rag.server args: python -m rag.server --help"
+    exit 0
+fi
+
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 data_dir="${1:-}"
 port="${2:-8000}"

@@ -120,3 +120,27 @@ def test_interrupted_build_resumes_at_the_first_missing_shard(tmp_path: Path, co
         (out / "embeddings").mkdir()
         (out / "embeddings" / "build.json").write_text(json.dumps({"encoder": "other"}))
         build_index(corpus_file, out, shard_size=10, progress=False, model=encoder)
+
+
+def _build_cli(*args: str, tmp_path: Path) -> "subprocess.CompletedProcess[str]":
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}  # offline: no hub retries, the same error a machine without hub sees
+    return subprocess.run([sys.executable, "-m", "rag.build_index", *args, "--out", str(tmp_path / "idx")],
+                          capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_build_index_cli_without_its_corpus_says_so_in_one_line(tmp_path: Path) -> None:
+    run = _build_cli("--corpus", str(tmp_path / "missing.jsonl"), tmp_path=tmp_path)
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert "does not exist" in run.stderr.strip().splitlines()[-1]
+
+
+def test_build_index_cli_with_an_unfetchable_encoder_says_so_in_one_line(tmp_path: Path) -> None:
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"id": "1", "contents": "a passage"}\n')
+    run = _build_cli("--corpus", str(corpus), "--encoder", "intfloat/e5-base-v2", tmp_path=tmp_path)
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("rag.build_index: error: encoder 'intfloat/e5-base-v2' cannot be loaded")

@@ -15,6 +15,7 @@ import. Run this file to check the server and try a query:
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import sys
@@ -46,4 +47,7 @@ async def _main(query: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(asyncio.run(_main(" ".join(sys.argv[1:]) or "Who directed the film Krull?")))
+    parser = argparse.ArgumentParser(description="Check the retrieval server at $RETRIEVAL_SERVER_URL "
+                                     f"(now {RETRIEVAL_SERVER_URL}) and print the top 3 passages for a query.")
+    parser.add_argument("query", nargs="*", help="the query (default: 'Who directed the film Krull?')")
+    sys.exit(asyncio.run(_main(" ".join(parser.parse_args().query) or "Who directed the film Krull?")))
