@@ -6,7 +6,7 @@ calculator once, then answers with the tool's result), so the whole path runs of
 Strands agent loop, real HTTP, real tool execution, one recorded ``Step`` per model call.
 
     python examples/strands/quickstart.py
-    python examples/strands/quickstart.py --base-url http://127.0.0.1:8000/v1 --model Qwen/Qwen3-4B --vllm
+    python examples/strands/quickstart.py --base-url http://127.0.0.1:30000/v1 --model Qwen/Qwen3-4B --vllm
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ install``) records every call into SQLite; the rollout is then read back as an o
 ``Trajectory`` with exact token ids, merged into one token sequence when the prompts extend.
 
     python examples/strands/traced_search_agent.py                        # offline: embedded scripted model
-    python examples/strands/traced_search_agent.py --base-url http://127.0.0.1:8000/v1 --model Qwen/Qwen3-4B
+    python examples/strands/traced_search_agent.py --base-url http://127.0.0.1:30000/v1 --model Qwen/Qwen3-4B
 
 Retrieval: ``--retrieval-url``, else the embedded index over the shipped HotpotQA paragraphs
 (``rag/launch_rag.sh``, built once on first use).

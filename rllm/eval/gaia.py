@@ -13,7 +13,7 @@ unreachable, timeouts) are reported apart and left out of accuracy.
 
     # the real benchmark, against any OpenAI-compatible endpoint
     python scripts/prepare_gaia.py --data-dir data/gaia            # needs an HF token with GAIA access
-    python examples/strands/eval_gaia.py --data-dir data/gaia --base-url http://127.0.0.1:8000/v1 \\
+    python examples/strands/eval_gaia.py --data-dir data/gaia --base-url http://127.0.0.1:30000/v1 \\
         --model Qwen/Qwen3-8B --level 1 --limit 20 --n-parallel 8 --out runs/gaia
 
     # offline: a scripted model on the shipped GAIA-format fixture
@@ -188,7 +188,7 @@ async def evaluate(args: argparse.Namespace, tasks: list[dict[str, Any]]) -> lis
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--base-url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
+    parser.add_argument("--base-url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:30000/v1")
     parser.add_argument("--model", help="model name sent to the endpoint")
     parser.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY", "EMPTY"))
     parser.add_argument("--scripted", action="store_true",

@@ -7,7 +7,7 @@ server. Run it through ``bash scripts/quickstart.sh`` (``examples/strands/quicks
 
     bash scripts/quickstart.sh                              # Qwen/Qwen3-0.6B, run locally (fetched once)
     bash scripts/quickstart.sh --model /path/to/model       # any local Hugging Face model directory
-    bash scripts/quickstart.sh --base-url http://127.0.0.1:8000/v1 --model Qwen/Qwen3-4B
+    bash scripts/quickstart.sh --base-url http://127.0.0.1:30000/v1 --model Qwen/Qwen3-4B
     bash scripts/quickstart.sh --scripted                   # a scripted model: the loop, fully offline
 """
 

@@ -306,7 +306,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, max_tokens: int) -> 
     model = parser.add_argument_group("model (default: Qwen/Qwen3-0.6B run locally with transformers)")
     model.add_argument("--model", default=None,
                        help="local model directory or hub name (run in process); with --base-url: the served name")
-    model.add_argument("--base-url", default=None, help="an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
+    model.add_argument("--base-url", default=None, help="an OpenAI-compatible endpoint, e.g. http://127.0.0.1:30000/v1")
     model.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY", "EMPTY"))
     model.add_argument("--vllm", action="store_true", help="ask a vLLM endpoint for token ids and logprobs")
     model.add_argument("--scripted", action="store_true", help="an embedded scripted model instead (offline demo)")

@@ -4,7 +4,7 @@
 
     from rllm.tracing import ProxyProcess, ProxyConfig, Backend, session, get_chat_client_async, load_trajectory
 
-    with ProxyProcess(ProxyConfig([Backend("http://127.0.0.1:8000/v1", "Qwen/Qwen3-4B")], "traces.db")) as proxy:
+    with ProxyProcess(ProxyConfig([Backend("http://127.0.0.1:30000/v1", "Qwen/Qwen3-4B")], "traces.db")) as proxy:
         client = get_chat_client_async(proxy.base_url, proxy.api_key)
         async with session("rollout-0", task=task) as s:
             ...  # any agent using `client` (e.g. Strands' OpenAIModel(client=client, model_id="policy"))

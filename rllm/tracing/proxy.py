@@ -5,7 +5,7 @@
 so the proxy runs from its own virtual environment::
 
     python -m rllm.tracing.proxy install            # creates .cache/litellm-venv (or $RLLM_PROXY_VENV)
-    python -m rllm.tracing.proxy start --backend http://127.0.0.1:8000/v1 --served-model Qwen/Qwen3-4B \\
+    python -m rllm.tracing.proxy start --backend http://127.0.0.1:30000/v1 --served-model Qwen/Qwen3-4B \\
         --db traces.db                          # serves the model as "policy" until Ctrl-C
     python -m rllm.tracing.proxy show --db traces.db [--session ID]
 

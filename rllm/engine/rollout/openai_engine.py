@@ -60,7 +60,7 @@ class OpenAIEngine:
 
     Args:
         model: Model name sent with every request.
-        base_url: Endpoint root, e.g. ``http://127.0.0.1:8000/v1``.
+        base_url: Endpoint root, e.g. ``http://127.0.0.1:30000/v1``.
         api_key: Sent as a bearer token; servers that ignore it accept any value.
         timeout: Seconds one HTTP request may take before it counts as failed (and is retried).
         max_retries: Retries after the first attempt for retryable failures.

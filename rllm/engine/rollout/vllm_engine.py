@@ -18,7 +18,7 @@ class VLLMEngine(TokenEngine):
     ``return_token_ids`` with ``logprobs`` gives the sampled ids and their logprobs.
 
     Args:
-        base_url: Server root including ``/v1``, e.g. ``http://127.0.0.1:8000/v1``.
+        base_url: Server root including ``/v1``, e.g. ``http://127.0.0.1:30000/v1``.
         model: Served model name.
         tokenizer: The served model's tokenizer.
         timeout, max_retries, backoff_initial, backoff_max: As for ``OpenAIEngine``.
