@@ -360,3 +360,51 @@ async def test_stopping_and_restarting_the_proxy_loses_nothing_acknowledged(
         assert set(reply_ids) <= stored, f"{len(set(reply_ids) - stored)} acknowledged calls lost in {sid}"
         seqs = [t["seq"] for t in traces]
         assert seqs == sorted(set(seqs)), "sequence numbers continue after the restart, without reuse"
+
+
+def _children(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (read from /proc), the proxy's LiteLLM process among them."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        kids = [p for p, pp in parents.items() if pp == parent]
+        found += kids
+        frontier += kids
+    return found
+
+
+def test_the_proxy_cli_stopped_by_the_pid_it_prints_leaves_no_process_and_frees_its_port(
+        proxy_venv: Path, backends: list[ScriptedOpenAIServer], tmp_path: Path) -> None:
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "rllm.tracing.proxy", "start", "--backend", backends[0].base_url,
+               "--served-model", "served-model", "--db", str(tmp_path / "traces.db"), "--venv", str(proxy_venv)]
+    cli = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO)
+    try:
+        line = cli.stdout.readline() if cli.stdout else ""
+        assert line.startswith("proxy ready:"), line
+        fields = dict(word.split("=", 1) for word in line.split() if "=" in word)
+        pid = int(fields["pid"].strip("("))
+        port = int(fields["base_url"].rsplit(":", 1)[1].split("/")[0])
+        children = _children(pid)
+        assert pid == cli.pid and children  # LiteLLM runs as a child, in its own session
+        os.kill(pid, signal.SIGTERM)  # `kill PID`; Ctrl-C (SIGINT) takes the same way out
+        assert cli.wait(timeout=60) == 0
+        assert not [c for c in children if Path(f"/proc/{c}").exists()
+                    and (Path(f"/proc/{c}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z")]
+        with socket.socket() as probe:
+            assert probe.connect_ex(("127.0.0.1", port)) != 0  # nothing listens there any more
+    finally:
+        if cli.poll() is None:
+            cli.kill()

@@ -22,6 +22,7 @@ import logging
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -372,14 +373,24 @@ def main(argv: list[str] | None = None) -> int:
     config = ProxyConfig(backends=[Backend(url, args.served_model, args.backend_api_key, args.kind)
                                    for url in args.backend], db_path=args.db, model_name=args.model_name)
     proxy = ProxyProcess(config, run_dir=args.run_dir, port=args.port, venv=args.venv)
+    # SIGTERM (`kill PID`) takes the same way out as Ctrl-C, so the LiteLLM process group, which runs in
+    # its own session, is stopped with this process instead of being left orphaned on its port.
+    signal.signal(signal.SIGTERM, _interrupt)
     with proxy:
-        print(f"proxy ready: base_url={proxy.base_url} api_key={proxy.api_key} model={config.model_name}", flush=True)
+        print(f"proxy ready: base_url={proxy.base_url} api_key={proxy.api_key} model={config.model_name} "
+              f"pid={os.getpid()} (stop: Ctrl-C or kill {os.getpid()})", flush=True)
         try:
             while proxy.running:
                 time.sleep(1.0)
         except KeyboardInterrupt:
-            pass
+            logger.info("stopping the proxy")
     return 0
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    """Turn the first SIGTERM into KeyboardInterrupt; ignore repeats so they cannot cut the stop short."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":
