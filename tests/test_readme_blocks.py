@@ -44,6 +44,7 @@ PYTHON_BLOCKS: dict[str, bool | str] = {
                             "tests/test_tracing_proxy.py runs the proxy against a scripted vLLM",
     "from rag.client import make_local_search_tool\nlocal_search": True,
     "RetrievalClient(\"http://127.0.0.1:8000\")": True,
+    "distance_compute_blas_threshold = threshold": True,
 }
 # Shell commands, by their first words: not run (not even --help), and why.
 NOT_RUN_COMMANDS: dict[str, str] = {
