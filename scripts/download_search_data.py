@@ -135,7 +135,7 @@ def write_manifest(out: Path, corpus: Path, index: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point; returns the exit status."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="search_data/wiki18-e5", help="index directory to write")
+    p.add_argument("--out", default="data/wiki18-e5", help="index directory to write (data/ is git-ignored)")
     p.add_argument("--corpus-only", action="store_true", help="fetch the corpus, not the 65 GB index")
     p.add_argument("--keep-parts", action="store_true", help="keep part_aa/part_ab after joining them")
     args = p.parse_args(argv)
