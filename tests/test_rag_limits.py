@@ -7,7 +7,6 @@ One real server on 127.0.0.1 with short timeouts (2 s) so the test stays quick; 
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -23,6 +22,8 @@ import pytest
 
 from rag.serving import HttpConfigError, HttpLimits, granian_available
 from rag.testing import demo_index
+from rllm.errors import ServerStartError
+from rllm.processes import ServerProcess, free_port, log_tail
 
 pytestmark = [pytest.mark.timeout(180),
               pytest.mark.skipif(not granian_available(), reason="granian is not installed (rag extra)")]
@@ -46,42 +47,26 @@ class _Server:
         return psutil.Process(self.proc.pid).num_fds()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Server]:
     index = demo_index(tmp_path_factory.getbasetemp(), 200)
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("RETRIEVAL_TOKEN", None)
     env.pop("RAG_TOKEN", None)
-    proc = subprocess.Popen([sys.executable, "-m", "rag.server", "--index-dir", str(index), "--port", str(port),
+    log = tmp_path_factory.mktemp("limits") / "server.log"
+    process = ServerProcess([sys.executable, "-m", "rag.server", "--index-dir", str(index), "--port", str(port),
                              "--header-timeout", str(TIMEOUT), "--body-timeout", str(TIMEOUT),
                              "--max-connections", str(CAP), "--max-header-bytes", str(MAX_HEADER),
-                             "--log-level", "warning"], env=env, cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             "--log-level", "warning"], log, env=env, cwd=REPO)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        assert proc.poll() is None, proc.stdout.read()
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, "server did not come up"
-        time.sleep(0.2)
-    yield _Server(url, port, proc)
-    proc.send_signal(signal.SIGTERM)
     try:
-        proc.communicate(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
+        process.wait_ready(f"{url}/health", timeout=120, interval=0.2)
+    except ServerStartError as error:
+        process.stop()
+        pytest.fail(f"server did not come up: {error}\n{log_tail(log, 40)}")
+    yield _Server(url, port, process.process)
+    process.stop()
 
 
 def _connect(port: int) -> socket.socket:
