@@ -38,7 +38,6 @@ import resource
 import shlex
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -56,6 +55,7 @@ sys.path.insert(0, str(REPO))
 from rag.corpus import Corpus, write_jsonl  # noqa: E402
 from rag.manifest import Manifest  # noqa: E402
 from rllm.data.hotpotqa import SHIPPED_HOTPOTQA  # noqa: E402
+from rllm.processes import free_port  # noqa: E402
 
 logger = logging.getLogger("bench_rag")
 RL_REPEATS = 8
@@ -302,12 +302,6 @@ def _cpu_seconds(pid: int) -> float:
     return total
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _wait_healthy(proc: subprocess.Popen, port: int, what: str, timeout: float = 300) -> None:
     import httpx
 
@@ -418,7 +412,7 @@ def run_level(wrk: str, system: _System, mix: str, concurrency: int, duration: f
     """A fresh server, a short distinct warm-up, then ``wrk`` for ``duration`` s at ``concurrency`` connections."""
     import httpx
 
-    port = _free_port()
+    port = free_port()
     proc = system.start(port)
     workdir = Path(tempfile.mkdtemp(prefix="rag-wrk-"))
     try:

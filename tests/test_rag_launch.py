@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ import httpx
 import pytest
 
 from rag.testing import demo_index
+from rllm.processes import free_port
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -21,17 +21,11 @@ REPO = Path(__file__).resolve().parents[1]
 LAUNCH = REPO / "rag" / "launch_rag.sh"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_launch_serves_the_default_index_with_token_and_extra_args(tmp_path_factory: pytest.TempPathFactory) -> None:
     # The no-data-dir path serves $RAG_CACHE_DIR, building it only when it has no manifest; point it at the
     # session's prebuilt demo index so the test does not rebuild it.
     cache = demo_index(tmp_path_factory.getbasetemp(), 200)
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "RAG_CACHE_DIR": str(cache), "PYTHON": sys.executable, "RETRIEVAL_TOKEN": "launch-token"}
     env.pop("RAG_TOKEN", None)
     proc = subprocess.Popen(["bash", str(LAUNCH), "", str(port), "--max-top-k", "5"], env=env,
