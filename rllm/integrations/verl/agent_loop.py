@@ -253,16 +253,8 @@ class StrandsAgentLoop(AgentLoopBase):
                 "StrandsAgentLoop runs the Strands tools of tool_factory; unset "
                 "actor_rollout_ref.rollout.multi_turn.tool_config_path / function_tool_path"
             )
-        settings = loop_settings(self.config)
-        self.settings = settings
+        self.settings = loop_settings(self.config)
         self.name = name or "strands_agent"
-        self.tool_factory = settings.tool_factory
-        self.tool_kwargs = settings.tool_kwargs
-        self.system_prompt = settings.system_prompt
-        self.budget = settings.budget
-        self.tool_parser = settings.tool_parser
-        self.timeout_s = settings.timeout_s
-        self.infra_exceptions = settings.infra_exceptions
         self.prompt_length = int(self.rollout_config.prompt_length)
         self.response_length = int(self.rollout_config.response_length)
         self.context_length = int(self.rollout_config.get("max_model_len") or self.prompt_length + self.response_length)
@@ -294,8 +286,8 @@ class StrandsAgentLoop(AgentLoopBase):
     def _system_prompt(self, from_row: str | None) -> str:
         if from_row is not None:
             return from_row
-        if self.system_prompt is not None:
-            return self.system_prompt
+        if self.settings.system_prompt is not None:
+            return self.settings.system_prompt
         raise ValueError("the row's prompt has no system message and the agent loop's system_prompt is null; "
                          "write it into the rows (scripts/prepare_hotpotqa.py does) or set system_prompt")
 
@@ -307,7 +299,7 @@ class StrandsAgentLoop(AgentLoopBase):
             response_length=self.response_length,
             prompt_length=self.prompt_length,
             server_sampling=sampling_params,
-            tool_parser=self.tool_parser,
+            tool_parser=self.settings.tool_parser,
             context_length=self.context_length,
             chat_template_kwargs=_plain(self.apply_chat_template_kwargs) or {},
         )
@@ -323,21 +315,21 @@ class StrandsAgentLoop(AgentLoopBase):
         system, conversation = split_prompt(kwargs["raw_prompt"])
         agent = build_agent(
             self.build_engine(sampling_params),
-            tools=build_tools(self.tool_factory, self.tool_kwargs),
+            tools=build_tools(self.settings.tool_factory, self.settings.tool_kwargs),
             system_prompt=self._system_prompt(system),
-            budget=self.budget,
+            budget=self.settings.budget,
             name=self.name,
-            infra_exceptions=self.infra_exceptions,
+            infra_exceptions=self.settings.infra_exceptions,
         )
         prompt: Any = conversation
         if len(conversation) == 1 and conversation[0]["role"] == "user":
             prompt = conversation[0]["content"][0]["text"]
         error: BaseException | None = None
         try:
-            if self.timeout_s is None:
+            if self.settings.timeout_s is None:
                 await agent.invoke_async(prompt)
             else:
-                await asyncio.wait_for(agent.invoke_async(prompt), timeout=self.timeout_s)
+                await asyncio.wait_for(agent.invoke_async(prompt), timeout=self.settings.timeout_s)
         except Exception as caught:  # noqa: BLE001 - typed below; anything untyped is raised
             if rollout_termination(agent, caught) is TerminationReason.ERROR:
                 logger.error("rollout failed with %s: %s; not an infrastructure failure, so it is raised",
