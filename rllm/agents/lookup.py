@@ -1,0 +1,123 @@
+"""The two-hop lookup agent: a task no policy can solve without calling its tool twice.
+
+A ``LookupWorld`` maps boxes to items and items to codes, all random: ``"box 37"`` →
+``"item 5821"``, ``"item 5821"`` → ``"code 9304"``. The question "What is the code of the item in
+box 37?" is answered by looking up the box, then the item, then writing ``\\boxed{9304}``; a
+policy that skips a lookup can only guess one code in 9,000. The agent is a plain Strands agent
+with one ``@tool``, ``lookup(key)``, so its rollouts run through the same runner as the search
+agent's. ``demonstration_script`` answers as a (deliberately imperfect) teacher would, for a warm
+start rendered by the same token path as the rollouts.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from strands import tool
+
+from rllm.integrations.strands import Budget
+
+LOOKUP_SYSTEM_PROMPT = "Use the lookup tool. Answer with the code in \\boxed{}."
+LOOKUP_BUDGET = Budget(max_model_turns=4, max_tool_calls=4)
+"""Two lookups and the answer need three model calls; one call of slack."""
+
+_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+
+
+@dataclass(frozen=True)
+class LookupTask:
+    """One question: the box asked about, the item in it and the item's code."""
+
+    box: int
+    item: int
+    code: int
+
+    @property
+    def task_id(self) -> str:
+        return f"box-{self.box}"
+
+    @property
+    def question(self) -> str:
+        return f"What is the code of the item in box {self.box}?"
+
+
+class LookupWorld:
+    """``size`` boxes, each holding a distinct random item with a random four-digit code.
+
+    Args:
+        size: Boxes (numbered 1..size); items are distinct four-digit numbers, so at most 9,000.
+        seed: Draws the items and codes.
+    """
+
+    def __init__(self, size: int = 1000, seed: int = 0) -> None:
+        if not 1 <= size <= 9000:
+            raise ValueError(f"a LookupWorld holds 1 to 9,000 boxes, not {size}")
+        rng = random.Random(seed)
+        items = rng.sample(range(1000, 10000), size)
+        self.tasks = [LookupTask(box=box, item=item, code=rng.randrange(1000, 10000))
+                      for box, item in zip(range(1, size + 1), items, strict=True)]
+        self._table = {f"box {t.box}": f"item {t.item}" for t in self.tasks}
+        self._table.update({f"item {t.item}": f"code {t.code}" for t in self.tasks})
+
+    def lookup(self, key: str) -> str:
+        """What the world holds under ``key`` (``"box N"`` or ``"item N"``), or a not-found notice."""
+        key = " ".join(key.strip().lower().split())
+        return self._table.get(key, f"nothing is stored under '{key}'")
+
+    def split(self, held_out: int) -> tuple[list[LookupTask], list[LookupTask]]:
+        """The tasks as (training, held-out), the last ``held_out`` boxes held out."""
+        if not 0 < held_out < len(self.tasks):
+            raise ValueError(f"held_out must be between 1 and {len(self.tasks) - 1}")
+        return self.tasks[:-held_out], self.tasks[-held_out:]
+
+
+def lookup_tools(world: LookupWorld) -> list[Any]:
+    """The agent's tools: ``lookup`` bound to ``world``."""
+
+    @tool
+    def lookup(key: str) -> str:
+        """Look up a key such as "box 12" or "item 3456" and return what is stored under it.
+
+        Args:
+            key: The key to look up.
+        """
+        return world.lookup(key)
+
+    return [lookup]
+
+
+def score_lookup_answer(answer: str, task: LookupTask) -> float:
+    """1.0 when the last ``\\boxed{}`` of ``answer`` holds the task's code, else 0.0."""
+    found = _BOXED.findall(answer or "")
+    return 1.0 if found and found[-1].strip() == str(task.code) else 0.0
+
+
+DEMONSTRATION_KINDS = ("two_hops", "one_hop", "no_tool")
+
+
+def demonstration_script(task: LookupTask, kind: str, rng: random.Random) -> Callable[[list[dict[str, Any]]], dict[str, Any]]:
+    """A teacher for ``MessageScriptedEngine``: answers ``task`` as ``kind`` says.
+
+    ``two_hops`` looks up the box, then the item, and answers with the code; ``one_hop`` looks
+    up the box and then guesses a code; ``no_tool`` guesses at once. Guesses are random
+    four-digit codes, so only ``two_hops`` earns the reward.
+    """
+    if kind not in DEMONSTRATION_KINDS:
+        raise ValueError(f"unknown demonstration kind {kind!r}; one of {DEMONSTRATION_KINDS}")
+    guess = rng.randrange(1000, 10000)
+    keys = {"two_hops": [f"box {task.box}", f"item {task.item}"], "one_hop": [f"box {task.box}"], "no_tool": []}[kind]
+    answer = task.code if kind == "two_hops" else guess
+
+    def script(messages: list[dict[str, Any]]) -> dict[str, Any]:
+        done = sum(1 for m in messages if m.get("role") == "tool")
+        if done < len(keys):
+            call = {"id": f"call_{done}", "type": "function",
+                    "function": {"name": "lookup", "arguments": f'{{"key": "{keys[done]}"}}'}}
+            return {"content": "", "tool_calls": [call]}
+        return {"content": f"\\boxed{{{answer}}}"}
+
+    return script
