@@ -163,9 +163,8 @@ class LearningProof:
         if c.vocab not in VOCABS:
             raise ValueError(f"unknown vocab {c.vocab!r}; one of {sorted(VOCABS)}")
         self.tokenizer = build_qwen_tokenizer(load_chat_template("qwen3"), VOCABS[c.vocab])
-        self.model: Any = build_tiny_qwen3(self.tokenizer, seed=c.seed, hidden_size=c.hidden_size,
-                                           num_layers=c.num_layers)
-        self.model.to(c.device)
+        model: Any = build_tiny_qwen3(self.tokenizer, seed=c.seed, hidden_size=c.hidden_size, num_layers=c.num_layers)
+        self.model = model.to(c.device)
         self.engine = TransformersEngine(self.model, self.tokenizer, chat_template_kwargs=CHAT_TEMPLATE_KWARGS,
                                          max_batch_size=c.prompts_per_step * c.rollouts_per_prompt)
         self.world = LookupWorld(c.world_size, seed=c.seed)
