@@ -80,11 +80,7 @@ def lookup_tools(world: LookupWorld) -> list[Any]:
 
     @tool
     def lookup(key: str) -> str:
-        """Look up a key such as "box 12" or "item 3456" and return what is stored under it.
-
-        Args:
-            key: The key to look up.
-        """
+        """Look up a key such as "box 12" or "item 3456"."""
         return world.lookup(key)
 
     return [lookup]

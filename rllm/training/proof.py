@@ -224,9 +224,11 @@ class LearningProof:
         c = self.config
         batch = pad_rollouts([d.fields for d in demos], pad_token_id=self.tokenizer.pad_token_id)
         losses = []
-        for _ in range(c.warm_steps):
+        for step in range(1, c.warm_steps + 1):
             rows = self.rng.sample(range(len(demos)), min(c.warm_batch, len(demos)))
             losses.append(self.trainer.supervised_step(batch.select(rows)))
+            if step % 50 == 0 or step == c.warm_steps:
+                logger.info("warm start: step %d/%d, loss %.3f", step, c.warm_steps, statistics.fmean(losses[-50:]))
         return losses
 
     # ------------------------------------------------------------------------------------------ RL
