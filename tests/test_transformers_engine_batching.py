@@ -8,6 +8,7 @@ tokenizer and Qwen3's chat template; everything runs on CPU in seconds.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -114,6 +115,47 @@ async def test_greedy_batched_equals_serial(tokenizer: Any, model: Any) -> None:
     assert serial_engine.stats.max_batch == 1
     assert batched_engine.stats.max_batch > 4
     assert batched_engine.stats.decode_steps < serial_engine.stats.decode_steps / 3
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 0.0}, {"temperature": 1.0, "seed": 3}])
+async def test_a_shared_prompt_prefix_runs_once_and_changes_nothing(tokenizer: Any, model: Any,
+                                                                   sampling: dict[str, Any]) -> None:
+    """Prompts sharing 40 tokens (one sent twice): the prefix runs once, and every row samples as alone."""
+    ids = tokenizer.encode("The quick brown fox jumps over the lazy dog. What is the capital of France? " * 8)
+    common = ids[:40]
+    prompts = [common + ids[100 + 10 * i : 101 + 11 * i] for i in range(6)] + [common + ids[100:101]]
+    max_tokens = [8 + 2 * i for i in range(len(prompts))]
+    serial = await _sample_all(TransformersEngine(model, tokenizer, max_batch_size=1), prompts, max_tokens,
+                               [sampling] * len(prompts))
+    engine = TransformersEngine(model, tokenizer)
+    gate = threading.Event()
+
+    def hold_first_decode(module: Any, args: Any, kwargs: dict[str, Any]) -> None:
+        if kwargs["input_ids"].shape[1] == 1:
+            gate.wait(timeout=30)
+
+    # A running request's first decode step waits until all the others are queued: they arrive together.
+    handle = model.register_forward_pre_hook(hold_first_decode, with_kwargs=True)
+    try:
+        running = asyncio.create_task(engine._generate(ids[200:230], 5, sampling, engine.new_session()))
+        while engine.stats.prefills < 1:
+            await asyncio.sleep(0.001)
+        tasks = [asyncio.create_task(engine._generate(p, m, sampling, engine.new_session()))
+                 for p, m in zip(prompts, max_tokens, strict=True)]
+        await asyncio.sleep(0.01)
+        gate.set()
+        batched = list(await asyncio.gather(*tasks))
+        await running
+    finally:
+        handle.remove()
+        gate.set()
+
+    assert engine.stats.prefills == 2 and engine.stats.joined == len(prompts)
+    assert engine.stats.shared_prefix_tokens == (len(prompts) - 1) * 40
+    _assert_same(batched, serial)
+    for prompt, output in zip(prompts, batched, strict=True):
+        expected = _teacher_forced(model, prompt, output.token_ids, **sampling)
+        assert max(abs(a - b) for a, b in zip(output.logprobs or [], expected, strict=True)) < TOLERANCE
 
 
 async def test_requests_arriving_mid_batch_join_it(tokenizer: Any, model: Any) -> None:

@@ -9,7 +9,8 @@ together: one worker thread runs a continuous-batching decode loop. A request th
 a batch is decoding is prefilled (with the other newcomers) and merged into the running batch at
 the next decode step; a finished request leaves the batch at once. Each row keeps its own
 sampling parameters, seed, stop ids and token budget, so what a request samples does not depend
-on what else is in the batch.
+on what else is in the batch. Newcomers prefilled together run the prefix they all share (the
+system prompt and tool list of a batch of rollouts) once.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 from rllm.engine.rollout.token_engine import TokenEngine, TokenOutput, TokenSession
 from rllm.errors import EngineError
@@ -31,6 +34,8 @@ logger = logging.getLogger(__name__)
 
 _PREFILL_TOKENS = 16384
 """Most (padded) prompt tokens prefilled in one forward; more newcomers are prefilled in several."""
+_MIN_SHARED_PREFIX = 16
+"""Shortest prefix that newcomers prefilled together share worth a forward of its own."""
 
 
 @dataclass
@@ -46,6 +51,10 @@ class BatchStats:
         max_batch: Largest batch a decode step ran.
         sampled_tokens: Tokens sampled, the first token of each request (from its prefill) included.
         failed_forwards: Forwards that raised; their requests got an ``EngineError``.
+        prefill_tokens: Prompt tokens prefilled (padding not counted).
+        shared_prefix_tokens: Prompt tokens not recomputed because requests prefilled together shared them.
+        prefill_seconds: Wall time of prefill forwards and their sampling.
+        decode_seconds: Wall time of decode forwards and their sampling.
     """
 
     prefills: int = 0
@@ -56,6 +65,10 @@ class BatchStats:
     max_batch: int = 0
     sampled_tokens: int = 0
     failed_forwards: int = 0
+    prefill_tokens: int = 0
+    shared_prefix_tokens: int = 0
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
 
     @property
     def mean_batch(self) -> float:
@@ -65,7 +78,7 @@ class BatchStats:
     def reset(self) -> None:
         """Zero every counter."""
         for name in self.__dataclass_fields__:
-            setattr(self, name, 0)
+            setattr(self, name, type(getattr(self, name))())
 
 
 @dataclass(eq=False)
@@ -100,8 +113,9 @@ class _Batch:
     """Rows decoding together.
 
     The cache holds every token of each row but the last sampled one (``last_tokens``, fed at the
-    next step). Rows are left-padded: ``attention_mask`` is 0 on each row's padding, then 1, so a
-    row's next position id is its count of ones.
+    next step). ``attention_mask`` is 0 on padding: left of each row's tokens, and for rows
+    prefilled after a shared prefix also between the prefix and the rest of the prompt. A row's
+    next position id is its count of ones.
     """
 
     requests: list[_Request]
@@ -127,15 +141,81 @@ def _hand_back(request: _Request, result: TokenOutput | BaseException) -> None:
         logger.debug("dropped the result of a request whose event loop is closed")
 
 
+class _RoomyLayer(DynamicLayer):
+    """A ``DynamicLayer`` that writes new keys and values into room left at its end.
+
+    ``DynamicLayer`` concatenates on every update, copying the whole cache once per decode step
+    (half the time of a batched step on CPU); this layer copies only the new token, and grows
+    only when its room runs out. ``keys`` and ``values`` are views of the filled part.
+    """
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, room: int) -> None:
+        super().__init__()
+        self.dtype, self.device = keys.dtype, keys.device
+        self.is_initialized = True
+        self._length = keys.shape[-2]
+        self._keys = self._allocate(keys, self._length + room)
+        self._values = self._allocate(values, self._length + room)
+        self._expose()
+
+    @staticmethod
+    def _allocate(filled: torch.Tensor, capacity: int) -> torch.Tensor:
+        batch, heads, length, dim = filled.shape
+        buffer = filled.new_zeros((batch, heads, capacity, dim))
+        buffer[:, :, :length] = filled
+        return buffer
+
+    def _expose(self) -> tuple[torch.Tensor, torch.Tensor]:
+        self.keys = keys = self._keys[:, :, : self._length]
+        self.values = values = self._values[:, :, : self._length]
+        return keys, values
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        end = self._length + key_states.shape[-2]
+        if end > self._keys.shape[-2]:
+            capacity = end + max(64, end // 4)
+            self._keys = self._allocate(self._keys[:, :, : self._length], capacity)
+            self._values = self._allocate(self._values[:, :, : self._length], capacity)
+        self._keys[:, :, self._length : end] = key_states
+        self._values[:, :, self._length : end] = value_states
+        self._length = end
+        return self._expose()
+
+    def get_seq_length(self) -> int:
+        return self._length
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._keys = self._keys[indices]
+        self._values = self._values[indices]
+        self._expose()
+
+
+class _BatchCache(DynamicCache):
+    """The running batch's ``DynamicCache``, built from each layer's (keys, values) with ``room`` tokens to spare."""
+
+    def __init__(self, layers: list[tuple[torch.Tensor, torch.Tensor]], room: int) -> None:
+        Cache.__init__(self, layers=[_RoomyLayer(keys, values, room) for keys, values in layers])
+
+
 def _cache_layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Each layer's (keys, values), shaped ``[batch, kv_heads, length, head_dim]``."""
     return [(layer.keys, layer.values) for layer in cache.layers]
 
 
-def _new_cache(layers: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
-    from transformers import DynamicCache
+def _shared_prefix(requests: list[_Request]) -> int:
+    """Length of the prefix all prompts share, leaving each prompt at least its last token."""
+    first = requests[0].prompt_ids
+    limit = min(len(r.prompt_ids) for r in requests) - 1
+    for position in range(max(limit, 0)):
+        token = first[position]
+        if any(r.prompt_ids[position] != token for r in requests):
+            return position
+    return max(limit, 0)
 
-    return DynamicCache(ddp_cache_data=layers)
+
+def _room(requests: list[_Request]) -> int:
+    """Most tokens any of ``requests`` may still add to the cache."""
+    return max(r.max_new_tokens - len(r.token_ids) for r in requests)
 
 
 def _left_pad(tensor: torch.Tensor, length: int, dim: int) -> torch.Tensor:
@@ -150,16 +230,18 @@ def _left_pad(tensor: torch.Tensor, length: int, dim: int) -> torch.Tensor:
 def _merge(batch: _Batch | None, new: _Batch) -> _Batch:
     """One batch of ``batch``'s rows then ``new``'s, the shorter side left-padded to the longer."""
     if batch is None:
-        return new
+        return _Batch(new.requests, _BatchCache(_cache_layers(new.cache), _room(new.requests)), new.attention_mask,
+                      new.last_tokens)
     length = max(batch.attention_mask.shape[1], new.attention_mask.shape[1])
     layers = [
         (torch.cat([_left_pad(k1, length, -2), _left_pad(k2, length, -2)]),
          torch.cat([_left_pad(v1, length, -2), _left_pad(v2, length, -2)]))
         for (k1, v1), (k2, v2) in zip(_cache_layers(batch.cache), _cache_layers(new.cache), strict=True)
     ]
+    requests = batch.requests + new.requests
     return _Batch(
-        requests=batch.requests + new.requests,
-        cache=_new_cache(layers),
+        requests=requests,
+        cache=_BatchCache(layers, _room(requests)),
         attention_mask=torch.cat([_left_pad(batch.attention_mask, length, -1), _left_pad(new.attention_mask, length, -1)]),
         last_tokens=torch.cat([batch.last_tokens, new.last_tokens]),
     )
@@ -171,21 +253,18 @@ def _keep_rows(batch: _Batch, keep: list[int]) -> _Batch | None:
         return None
     if len(keep) == len(batch.requests):
         return batch
+    requests = [batch.requests[i] for i in keep]
     index = torch.tensor(keep, device=batch.attention_mask.device)
     mask = batch.attention_mask[index]
-    start = int(mask.any(dim=0).int().argmax())  # rows are left-padded: the first column any row uses
+    start = int(mask.any(dim=0).int().argmax())  # the first column any kept row uses
     if start == 0:
         batch.cache.batch_select_indices(index)
         cache = batch.cache
     else:
-        cache = _new_cache([(k[index, :, start:], v[index, :, start:]) for k, v in _cache_layers(batch.cache)])
+        cache = _BatchCache([(k[index, :, start:], v[index, :, start:]) for k, v in _cache_layers(batch.cache)],
+                            _room(requests))
         mask = mask[:, start:]
-    return _Batch(
-        requests=[batch.requests[i] for i in keep],
-        cache=cache,
-        attention_mask=mask,
-        last_tokens=batch.last_tokens[index],
-    )
+    return _Batch(requests=requests, cache=cache, attention_mask=mask, last_tokens=batch.last_tokens[index])
 
 
 def _filter_scores(scores: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -333,9 +412,13 @@ class TransformersEngine(TokenEngine):
             try:
                 with torch.inference_mode():
                     if newcomers:
+                        started = time.perf_counter()
                         batch = self._admit(batch, newcomers)
+                        self.stats.prefill_seconds += time.perf_counter() - started
                     if batch is not None:
+                        started = time.perf_counter()
                         batch = self._decode(batch)
+                        self.stats.decode_seconds += time.perf_counter() - started
             except Exception as error:  # a bug in the loop itself: fail what is in flight, keep serving
                 logger.exception("TransformersEngine decode loop failed")
                 failure = EngineError(f"the decode loop failed: {type(error).__name__}: {error}", cause=repr(error))
@@ -370,24 +453,48 @@ class TransformersEngine(TokenEngine):
         return self._prefill(batch, chunk)
 
     def _prefill(self, batch: _Batch | None, requests: list[_Request]) -> _Batch | None:
-        """Run the prompts of ``requests`` left-padded, sample their first token, merge the rest into ``batch``."""
-        device = self.model.device
-        length = max(len(r.prompt_ids) for r in requests)
-        input_ids = torch.full((len(requests), length), self._pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(requests), length), dtype=torch.long)
-        for row, request in enumerate(requests):
-            input_ids[row, length - len(request.prompt_ids):] = torch.tensor(request.prompt_ids)
-            attention_mask[row, length - len(request.prompt_ids):] = 1
-        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-        position_ids = (attention_mask.cumsum(dim=1) - 1).clamp_(min=0)
-        from transformers import DynamicCache
+        """Run the prompts of ``requests``, sample their first token, merge the unfinished ones into ``batch``.
 
+        A prefix that all the prompts share (the system prompt and tool list of a batch of
+        rollouts) runs once and its keys and values are copied to every row; the rest of each
+        prompt is left-padded after it. Otherwise the whole prompts are left-padded.
+        """
+        device = self.model.device
+        rows = len(requests)
+        shared = _shared_prefix(requests) if rows > 1 else 0
+        cache: Any = DynamicCache()
+        prefix_mask = torch.ones((rows, 0), dtype=torch.long, device=device)
+        if shared >= _MIN_SHARED_PREFIX:
+            prefix = torch.tensor([requests[0].prompt_ids[:shared]], device=device)
+            out = self._forward(requests, "prefill", input_ids=prefix, attention_mask=torch.ones_like(prefix),
+                                position_ids=torch.arange(shared, device=device)[None], past_key_values=cache,
+                                logits_to_keep=1)
+            if out is None:
+                return batch
+            suffix_room = max(len(r.prompt_ids) for r in requests) - shared
+            cache = _BatchCache([(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in _cache_layers(cache)],
+                                suffix_room + _room(requests))
+            prefix_mask = torch.ones((rows, shared), dtype=torch.long, device=device)
+            self.stats.shared_prefix_tokens += (rows - 1) * shared
+        else:
+            shared = 0
+        length = max(len(r.prompt_ids) for r in requests) - shared
+        input_ids = torch.full((rows, length), self._pad_id, dtype=torch.long)
+        suffix_mask = torch.zeros((rows, length), dtype=torch.long)
+        for row, request in enumerate(requests):
+            suffix = request.prompt_ids[shared:]
+            input_ids[row, length - len(suffix):] = torch.tensor(suffix)
+            suffix_mask[row, length - len(suffix):] = 1
+        input_ids, suffix_mask = input_ids.to(device), suffix_mask.to(device)
+        position_ids = shared + (suffix_mask.cumsum(dim=1) - 1).clamp_(min=0)
+        attention_mask = torch.cat([prefix_mask, suffix_mask], dim=1)
         out = self._forward(requests, "prefill", input_ids=input_ids, attention_mask=attention_mask,
-                            position_ids=position_ids, past_key_values=DynamicCache(), logits_to_keep=1)
+                            position_ids=position_ids, past_key_values=cache, logits_to_keep=1)
         if out is None:
             return batch
         self.stats.prefills += 1
-        self.stats.prefill_rows += len(requests)
+        self.stats.prefill_rows += rows
+        self.stats.prefill_tokens += sum(len(r.prompt_ids) for r in requests)
         tokens, logprobs = _sample(out.logits[:, -1], requests)
         self.stats.sampled_tokens += len(tokens)
         keep = [row for row, request in enumerate(requests) if not self._finish_if_done(request, tokens[row], logprobs[row])]
