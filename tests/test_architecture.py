@@ -24,6 +24,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("workflows and the batch runner", ("rllm.workflows",)),
     ("verl adapter", ("rllm.integrations.verl",)),
     ("agents", ("rllm.agents",)),
+    ("local training", ("rllm.training",)),
     ("evaluation", ("rllm.eval",)),
 ]
 """Lowest first. The package files ``rllm/__init__.py`` and ``rllm/integrations/__init__.py`` only name what is inside."""
