@@ -22,6 +22,7 @@ from rllm.testing.chat_templates import FAMILIES
 from rllm.testing.tiny_models import build_tiny_qwen3, build_tiny_tokenizer
 
 TOLERANCE = 1e-4
+SYSTEM = "You are a careful assistant. Answer briefly; look keys up with the lookup tool when a question names one."
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -283,7 +284,7 @@ async def test_real_qwen_template_batched_equals_serial_and_teacher_forcing() ->
     tokenizer = FAMILIES["qwen3"].tokenizer()
     model = build_tiny_qwen3(tokenizer)
     conversations = [
-        [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "What is " + "two plus " * i + "two?"}]
+        [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is " + "two plus " * i + "two?"}]
         for i in range(6)
     ]
     tools = [{"type": "function", "function": {"name": "lookup", "description": "Look a key up.",

@@ -230,6 +230,8 @@ def _left_pad(tensor: torch.Tensor, length: int, dim: int) -> torch.Tensor:
 def _merge(batch: _Batch | None, new: _Batch) -> _Batch:
     """One batch of ``batch``'s rows then ``new``'s, the shorter side left-padded to the longer."""
     if batch is None:
+        if isinstance(new.cache, _BatchCache):
+            return new
         return _Batch(new.requests, _BatchCache(_cache_layers(new.cache), _room(new.requests)), new.attention_mask,
                       new.last_tokens)
     length = max(batch.attention_mask.shape[1], new.attention_mask.shape[1])
@@ -318,14 +320,18 @@ def _sample(logits: torch.Tensor, requests: list[_Request]) -> tuple[list[int], 
 class TransformersEngine(TokenEngine):
     """A local Hugging Face causal LM that samples concurrent requests together (continuous batching).
 
-    Calls from any number of rollouts go to one worker thread, started on the first request and
-    stopped when no request is left. At each decode step it prefills the requests that arrived
-    meanwhile (batched, left-padded), merges them into the running batch, runs one forward for
-    every row and retires rows that hit a stop id (the template's end-of-turn id or the
-    tokenizer's eos) or their ``max_tokens``. Only one forward runs at a time, always on
-    ``self.model`` as it is then: nothing derived from the weights outlives a request, so a
-    trainer may update the module between rollout phases. ``max_batch_size=1`` samples one
-    request at a time with the same code.
+    An RL step runs many rollouts at once, each making several model calls; sampled one at a
+    time they wait on each other. Here calls from any number of rollouts go to one worker
+    thread, started on the first request and stopped when no request is left. At each decode
+    step it prefills the requests that arrived meanwhile (batched, left-padded, a prefix they
+    all share run once), merges them into the running batch, runs one forward for every row and
+    retires rows that hit a stop id (the template's end-of-turn id or the tokenizer's eos) or
+    their ``max_tokens``. Only one forward runs at a time, always on ``self.model`` as it is
+    then: nothing derived from the weights outlives a request, so a trainer may update the
+    module between rollout phases. ``max_batch_size=1`` samples one request at a time with the
+    same code. Batched rows are padded, so models with sliding-window attention layers would
+    see their window shifted by the padding: the engine is meant for full-attention models
+    (Qwen3 and the like).
 
     Sampling per request: ``temperature`` (0: greedy), ``top_p``, ``top_k`` and ``seed`` (the
     request's own generator, so seeded sampling does not depend on the rest of the batch). Each
@@ -341,7 +347,8 @@ class TransformersEngine(TokenEngine):
         **kwargs: As for ``TokenEngine`` (tool_parser, context_length, sampling defaults, ...).
 
     Attributes:
-        stats: ``BatchStats`` of the decode loop (batch sizes, forwards, tokens).
+        stats: ``BatchStats`` of the decode loop (batch sizes, forwards, tokens, seconds).
+        stop_ids: Token ids that end a request.
     """
 
     def __init__(
@@ -359,6 +366,9 @@ class TransformersEngine(TokenEngine):
         if device is not None:
             model = model.to(device)
         self.model = model.eval()
+        if "sliding_attention" in (getattr(model.config, "layer_types", None) or []):
+            logger.warning("TransformersEngine: %s has sliding-window layers; in a padded batch their window "
+                           "is shifted by the padding", type(model).__name__)
         kwargs.setdefault("context_length", getattr(model.config, "max_position_embeddings", 32768))
         super().__init__(tokenizer, **kwargs)
         self.max_batch_size = max_batch_size
