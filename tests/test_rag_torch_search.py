@@ -68,18 +68,19 @@ def test_bad_shapes_are_typed_errors() -> None:
         TorchFlatIndex(xb, metric="cosine")
 
 
-def test_load_index_serves_a_faiss_file_through_torch(tmp_path: Path) -> None:
+@pytest.mark.parametrize("metric", ["ip", "l2"])
+def test_load_index_serves_a_faiss_file_through_torch(tmp_path: Path, metric: str) -> None:
     xb, xq = _data()
-    flat = _faiss_flat(xb, "ip")
+    flat = _faiss_flat(xb, metric)
     path = tmp_path / "index.faiss"
     faiss.write_index(flat, str(path))
-    served = load_index(path, "flat", "ip", IndexOptions(device="cpu", search_backend="torch", fp16=False))
+    served = load_index(path, "flat", metric, IndexOptions(device="cpu", search_backend="torch", fp16=False))
     assert served.describe()["backend"] == "torch" and served.devices == ["cpu"]
     want_s, want_i = flat.search(xq, 5)
     got_s, got_i = served.search(xq, 5)
     np.testing.assert_array_equal(got_i, want_i)
     np.testing.assert_allclose(got_s, want_s, rtol=1e-4, atol=1e-3)
-    same = from_faiss(flat, "ip", ["cpu"], fp16=False).search(xq, 5)
+    same = from_faiss(flat, metric, ["cpu"], fp16=False).search(xq, 5)
     np.testing.assert_array_equal(same[1], want_i)
 
 
@@ -92,3 +93,21 @@ def test_gpu_fp16_sharded_matches_faiss_top1() -> None:
     got_s, got_i = TorchFlatIndex(xb, devices=devices, fp16=True, chunk_mb=1).search(xq, 10)
     assert (got_i[:, 0] == want_i[:, 0]).mean() > 0.99
     np.testing.assert_allclose(got_s, want_s, atol=5e-3)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
+@pytest.mark.parametrize("metric", ["ip", "l2"])
+def test_gpu_fp32_matches_faiss_flat_ids_and_scores(metric: str) -> None:
+    xb, xq = _data(n=20000, d=96, q=300)
+    want_s, want_i = _faiss_flat(xb, metric).search(xq, 11)  # the 11th only to see near-ties at rank 10
+    devices = [f"cuda:{i}" for i in range(torch.cuda.device_count())] * 2  # two shards per GPU: the merge runs
+    got_s, got_i = TorchFlatIndex(xb, metric=metric, devices=devices, fp16=False, chunk_mb=1).search(xq, 10)
+    # cuBLAS sums in another order than FAISS's CPU BLAS (~1e-5 apart): ids may differ only between near-ties.
+    gaps = np.abs(np.diff(want_s, axis=1))
+    near_tie = np.zeros(want_s.shape, dtype=bool)
+    near_tie[:, 1:] |= gaps < 1e-3
+    near_tie[:, :-1] |= gaps < 1e-3
+    want_s, want_i, near_tie = want_s[:, :10], want_i[:, :10], near_tie[:, :10]
+    np.testing.assert_allclose(got_s, want_s, rtol=1e-4, atol=1e-3)
+    assert ((got_i == want_i) | near_tie).all()
+    assert (got_i == want_i).mean() > 0.99
