@@ -32,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hidden-size", type=int, default=None)
     parser.add_argument("--num-layers", type=int, default=None)
     parser.add_argument("--warm-steps", type=int, default=None)
+    parser.add_argument("--warm-lr", type=float, default=None)
+    parser.add_argument("--warm-batch", type=int, default=None)
     parser.add_argument("--rl-steps", type=int, default=None)
     parser.add_argument("--rl-lr", type=float, default=None)
     parser.add_argument("--prompts-per-step", type=int, default=None)
@@ -44,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     config = ProofConfig.for_device(
         args.device, seed=args.seed, vocab=args.vocab, hidden_size=args.hidden_size, num_layers=args.num_layers,
-        warm_steps=args.warm_steps, rl_steps=args.rl_steps, rl_lr=args.rl_lr, prompts_per_step=args.prompts_per_step,
+        warm_steps=args.warm_steps, warm_lr=args.warm_lr, warm_batch=args.warm_batch, rl_steps=args.rl_steps, rl_lr=args.rl_lr, prompts_per_step=args.prompts_per_step,
         rollouts_per_prompt=args.rollouts_per_prompt,
     )
     args.out.mkdir(parents=True, exist_ok=True)
