@@ -991,7 +991,8 @@ def main(argv: list[str] | None = None) -> int:
         data = json.loads(Path(args.out).read_text())
         data["verdicts"] = verdicts
         Path(args.out).write_text(json.dumps(data, indent=2, default=str))
-    return 0 if all(not v.startswith("FAIL") for v in verdicts) else 1
+    failed_levels = any(" FAILED: " in msg for msg in messages)
+    return 0 if all(not v.startswith("FAIL") for v in verdicts) and not failed_levels else 1
 
 
 if __name__ == "__main__":
