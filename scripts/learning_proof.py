@@ -34,19 +34,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warm-steps", type=int, default=None)
     parser.add_argument("--warm-lr", type=float, default=None)
     parser.add_argument("--warm-batch", type=int, default=None)
+    parser.add_argument("--demonstration-mix", type=lambda v: tuple(float(x) for x in v.split(",")), default=None,
+                        help="shares of demonstrations doing two hops, one hop, no tool (default 0.35,0.4,0.25)")
     parser.add_argument("--rl-steps", type=int, default=None)
     parser.add_argument("--rl-lr", type=float, default=None)
     parser.add_argument("--prompts-per-step", type=int, default=None)
     parser.add_argument("--rollouts-per-prompt", type=int, default=None)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # force: an import (verl) has already configured the root logger, which would drop our INFO lines
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    # Strands warns on every malformed tool call a policy writes; the metrics count them instead.
+    logging.getLogger("strands").setLevel(logging.ERROR)
     if args.device is None:
         import torch
 
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     config = ProofConfig.for_device(
         args.device, seed=args.seed, vocab=args.vocab, hidden_size=args.hidden_size, num_layers=args.num_layers,
-        warm_steps=args.warm_steps, warm_lr=args.warm_lr, warm_batch=args.warm_batch, rl_steps=args.rl_steps, rl_lr=args.rl_lr, prompts_per_step=args.prompts_per_step,
+        warm_steps=args.warm_steps, warm_lr=args.warm_lr, warm_batch=args.warm_batch, demonstration_mix=args.demonstration_mix, rl_steps=args.rl_steps, rl_lr=args.rl_lr, prompts_per_step=args.prompts_per_step,
         rollouts_per_prompt=args.rollouts_per_prompt,
     )
     args.out.mkdir(parents=True, exist_ok=True)

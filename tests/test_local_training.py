@@ -177,3 +177,24 @@ def test_the_engine_samples_from_the_updated_weights(tokenizer, world) -> None:
     old_logprobs = [r.fields["response_logprobs"] for r in first]
     new_logprobs = [r.fields["response_logprobs"] for r in second]
     assert old_logprobs != new_logprobs
+
+
+def test_the_learning_proof_runs_end_to_end_and_says_why_it_fails(tmp_path) -> None:
+    """A proof far too short to learn runs every phase, writes its files, and fails with its reasons."""
+    from rllm.training.proof import LearningProof, ProofConfig, plot_learning_curve
+
+    config = ProofConfig.for_device("cpu", hidden_size=64, num_layers=2, world_size=120, held_out=4, eval_samples=1,
+                                    demonstrations=16, warm_steps=2, warm_batch=8, rl_steps=2, prompts_per_step=2,
+                                    rollouts_per_prompt=4, eval_every=1, max_tokens=16)
+    seen: list[dict[str, Any]] = []
+    result = LearningProof(config, on_step=seen.append).run(tmp_path / "metrics.jsonl")
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == len(seen) == 3 and [row["step"] for row in seen] == [0, 1, 2]
+    assert {"train_reward", "eval_reward", "tool_calls", "turns", "sampled_tokens", "step_seconds",
+            "update/rollout_ratio_max_dev"} <= set(seen[-1])
+    assert result.first_ratio_max_dev < config.max_ratio_dev
+    assert not result.passed and any("rose by" in failure for failure in result.failures)
+    summary = result.summary()
+    assert summary["passed"] is False and summary["steps"] == 2 and summary["config"]["hidden_size"] == 64
+    plot_learning_curve(result.history, tmp_path / "curve.png")
+    assert (tmp_path / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

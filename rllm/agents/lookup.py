@@ -99,14 +99,14 @@ def demonstration_script(task: LookupTask, kind: str, rng: random.Random) -> Cal
     """A teacher for ``MessageScriptedEngine``: answers ``task`` as ``kind`` says.
 
     ``two_hops`` looks up the box, then the item, and answers with the code; ``one_hop`` looks
-    up the box and then guesses a code; ``no_tool`` guesses at once. Guesses are random
-    four-digit codes, so only ``two_hops`` earns the reward.
+    up the box and answers with the item's number (stopping one lookup early, a common mistake);
+    ``no_tool`` guesses a random four-digit code at once. Only ``two_hops`` earns the reward.
     """
     if kind not in DEMONSTRATION_KINDS:
         raise ValueError(f"unknown demonstration kind {kind!r}; one of {DEMONSTRATION_KINDS}")
     guess = rng.randrange(1000, 10000)
     keys = {"two_hops": [f"box {task.box}", f"item {task.item}"], "one_hop": [f"box {task.box}"], "no_tool": []}[kind]
-    answer = task.code if kind == "two_hops" else guess
+    answer = {"two_hops": task.code, "one_hop": task.item, "no_tool": guess}[kind]
 
     def script(messages: list[dict[str, Any]]) -> dict[str, Any]:
         done = sum(1 for m in messages if m.get("role") == "tool")

@@ -1,8 +1,8 @@
 """The learning proof: a Strands tool agent's held-out reward rises under RLOO, on one machine.
 
 The task is the two-hop lookup (``rllm.agents.lookup``). A small random-init Qwen3 is warm-started
-on imperfect demonstrations (half look up both hops, a quarter stop after one, a quarter answer
-without the tool), whose tokens come from the same runner and incremental renderer as the
+on imperfect demonstrations (by default 35% look up both hops, 40% stop after the box and answer
+with the item's number, 25% guess without the tool), whose tokens come from the same runner and incremental renderer as the
 rollouts (a ``MessageScriptedEngine`` plays the teacher). Then RLOO: each step runs
 ``prompts_per_step`` x ``rollouts_per_prompt`` Strands agents concurrently on the
 ``TransformersEngine`` that samples from the very module being trained, pads them as verl's agent
@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from rllm.agents.lookup import (
+    DEMONSTRATION_KINDS,
     LOOKUP_BUDGET,
     LOOKUP_SYSTEM_PROMPT,
     LookupTask,
@@ -56,7 +57,6 @@ VOCABS = {"qwen": QwenVocab.QWEN, "qwen-8k": QwenVocab.QWEN_FIRST_8K}
 """Tokenizer choices: Qwen's real vocabulary (151,669 ids), or its first 8,192 ranks (for CPU)."""
 CHAT_TEMPLATE_KWARGS = {"enable_thinking": False}
 """Qwen3's non-thinking mode, as the recipe runs it."""
-DEMONSTRATION_MIX = {"two_hops": 0.5, "one_hop": 0.25, "no_tool": 0.25}
 
 
 @dataclass
@@ -74,11 +74,15 @@ class ProofConfig:
     num_layers: int = 4
     world_size: int = 1000
     held_out: int = 64
+    eval_samples: int = 2
+    """Seeded samples per held-out box at each evaluation."""
     demonstrations: int = 512
+    demonstration_mix: tuple[float, float, float] = (0.35, 0.4, 0.25)
+    """Shares of the demonstrations that look up both hops, stop after one, and use no tool."""
     warm_steps: int = 400
     warm_batch: int = 32
     warm_lr: float = 1e-3
-    rl_steps: int = 40
+    rl_steps: int = 50
     prompts_per_step: int = 8
     rollouts_per_prompt: int = 8
     rl_lr: float = 1e-4
@@ -190,11 +194,13 @@ class LearningProof:
             rollout.reward = score_lookup_answer(rollout.final_answer, task)
 
     def evaluate(self) -> tuple[float, dict[str, float]]:
-        """Held-out reward (one seeded sample per held-out box) and the episodes' tool use."""
-        requests = [RolloutRequest(t.question, t.task_id, self._sampling(seed=self.config.seed * 100_003 + t.box))
-                    for t in self.held_out]
+        """Held-out reward (``eval_samples`` seeded samples per held-out box) and the episodes' tool use."""
+        c = self.config
+        tasks = [t for t in self.held_out for _ in range(c.eval_samples)]
+        requests = [RolloutRequest(t.question, t.task_id, self._sampling(seed=c.seed * 100_003 + t.box * 16 + i % 16))
+                    for i, t in enumerate(tasks)]
         rollouts = self._run(self.engine, requests)
-        self._score(rollouts, self.held_out)
+        self._score(rollouts, tasks)
         return statistics.fmean(r.reward for r in rollouts), _episode_stats(rollouts)
 
     # ----------------------------------------------------------------------------------- warm start
@@ -204,7 +210,7 @@ class LearningProof:
         if c.demonstrations > len(self.train_tasks):
             raise ValueError(f"{c.demonstrations} demonstrations need as many training boxes ({len(self.train_tasks)})")
         tasks = self.rng.sample(self.train_tasks, c.demonstrations)
-        kinds = self.rng.choices(list(DEMONSTRATION_MIX), weights=list(DEMONSTRATION_MIX.values()), k=len(tasks))
+        kinds = self.rng.choices(list(DEMONSTRATION_KINDS), weights=list(c.demonstration_mix), k=len(tasks))
         scripts = {t.question: demonstration_script(t, k, self.rng) for t, k in zip(tasks, kinds, strict=True)}
 
         def teacher(messages: list[dict[str, Any]]) -> dict[str, Any]:
