@@ -22,6 +22,7 @@ from rllm.testing.chat_templates import load_chat_template
 from rllm.testing.qwen_tokenizer import QwenVocab, build_qwen_tokenizer
 from rllm.testing.scripted_tokens import MessageScriptedEngine
 from rllm.testing.tiny_models import build_tiny_qwen3
+from rllm.tokens.renderer import content_text
 from rllm.training import LocalRLOOTrainer, RolloutRequest, default_actor_config, pad_rollouts, run_rollouts
 
 NO_THINK = {"enable_thinking": False}
@@ -57,8 +58,7 @@ def test_demonstrations_run_through_the_runner_with_the_real_template(tokenizer,
 
 
 def _question(messages: list[dict[str, Any]]) -> str:
-    content = next(m for m in messages if m["role"] == "user")["content"]
-    return content if isinstance(content, str) else "".join(part["text"] for part in content)
+    return content_text(next(m for m in messages if m["role"] == "user")["content"])
 
 
 def test_padding_matches_verls_own_agent_loop_padding(tokenizer, world) -> None:
@@ -198,3 +198,23 @@ def test_the_learning_proof_runs_end_to_end_and_says_why_it_fails(tmp_path) -> N
     assert summary["passed"] is False and summary["steps"] == 2 and summary["config"]["hidden_size"] == 64
     plot_learning_curve(result.history, tmp_path / "curve.png")
     assert (tmp_path / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_rollout_that_ends_on_a_tool_backend_failure_raises_instead_of_being_scored(tokenizer, world) -> None:
+    """A tool that marks its backend's failure ends the rollout as infrastructure: never a reward of 0."""
+    from strands import tool
+
+    from rllm.errors import InfrastructureError, ToolBackendError
+
+    @tool
+    def lookup(key: str) -> str:
+        """Look up a key."""
+        raise ToolBackendError("the lookup backend is down")
+
+    task = world.tasks[3]
+    engine = MessageScriptedEngine(tokenizer, demonstration_script(task, "two_hops", random.Random(0)),
+                                   chat_template_kwargs=NO_THINK)
+    with pytest.raises(InfrastructureError, match="lookup backend is down|infrastructure"):
+        asyncio.run(run_rollouts(engine, [RolloutRequest(task.question, task.task_id, {"max_tokens": 64})],
+                                 tools=[lookup], system_prompt=LOOKUP_SYSTEM_PROMPT, budget=LOOKUP_BUDGET,
+                                 response_length=256))

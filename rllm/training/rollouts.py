@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from rllm.engine.rollout.token_engine import TokenEngine
+from rllm.errors import InfrastructureError
 from rllm.integrations.strands import Budget, RLLMModel
-from rllm.integrations.strands.rollout import build_agent, read_rollout, rollout_termination, trajectory_metrics
+from rllm.integrations.strands.rollout import build_agent, read_rollout, run_token_rollout, trajectory_metrics
 from rllm.types import TerminationReason
 
 
@@ -59,23 +60,21 @@ async def run_rollout(
     """Run the agent on ``request.prompt`` and return its exact tokens and outcome.
 
     Raises what the agent's run raised unless it is a policy outcome (budget, context, response
-    length) or a typed infrastructure failure, as ``StrandsAgentLoop`` does; an infrastructure
-    failure here is raised too, since a local run has no other rollouts to fall back on.
+    length), as ``StrandsAgentLoop`` does (``run_token_rollout``). An infrastructure failure
+    raises too, an ``InfrastructureError`` naming it when no exception carried it (a tool backend
+    marking its own failure): a local run has no other rollouts to fall back on, and scoring it
+    would train on it.
     """
     agent = build_agent(RLLMModel(engine, params=dict(request.sampling)), tools=tools, system_prompt=system_prompt,
                         budget=budget, name="local_rollout")
-    error: BaseException | None = None
-    try:
-        await agent.invoke_async(request.prompt)
-    except Exception as caught:  # noqa: BLE001 - classified below; anything untyped is raised
-        reason = rollout_termination(agent, caught)
-        if reason is TerminationReason.ERROR or reason.is_infrastructure_failure:
-            raise
-        error = caught
-    trace = agent.trajectory.token_trace
-    if trace is None:
-        raise RuntimeError(f"the agent stopped before its first model call: {error!r}") from error
+    error = await run_token_rollout(agent, request.prompt)
     end = read_rollout(agent, error)
+    if end.infra_failure:
+        if error is not None:
+            raise error
+        raise InfrastructureError(f"the rollout ended on an infrastructure failure: {end.failure}")
+    trace = agent.trajectory.token_trace
+    assert trace is not None  # run_token_rollout raised otherwise
     return Rollout(
         group=request.group,
         fields=trace.to_verl(response_length),

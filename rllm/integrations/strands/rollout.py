@@ -8,6 +8,8 @@ A token engine's exact tokens are the agent's ``trajectory.token_trace`` in both
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +21,8 @@ from rllm.integrations.strands.agent import StrandsAgent, describe_failure, term
 from rllm.integrations.strands.hooks import Budget
 from rllm.integrations.strands.model import RLLMModel
 from rllm.types import TerminationReason, Trajectory
+
+logger = logging.getLogger(__name__)
 
 
 def build_agent(
@@ -64,6 +68,32 @@ def rollout_termination(agent: StrandsAgent, error: BaseException | None = None)
     if any(isinstance(cause, ResponseBudgetExhaustedError) for cause in exception_chain(error)):
         return TerminationReason.MAX_TOKENS
     return termination_reason_for(error)
+
+
+async def run_token_rollout(agent: StrandsAgent, prompt: Any, *, timeout_s: float | None = None) -> BaseException | None:
+    """Run a token-engine rollout's agent on ``prompt``; what its run raised, when that is an outcome to record.
+
+    A policy outcome (budget, context, response length) or a typed infrastructure failure is
+    returned, for ``read_rollout``; anything else is raised with its cause, since it would end
+    every rollout the same way. A run that stopped before its first model call (no token trace
+    to train on) raises ``RuntimeError``. ``timeout_s`` bounds the run (``asyncio.TimeoutError``
+    is an infrastructure failure).
+    """
+    error: BaseException | None = None
+    try:
+        if timeout_s is None:
+            await agent.invoke_async(prompt)
+        else:
+            await asyncio.wait_for(agent.invoke_async(prompt), timeout=timeout_s)
+    except Exception as caught:  # noqa: BLE001 - typed below; anything untyped is raised
+        if rollout_termination(agent, caught) is TerminationReason.ERROR:
+            logger.error("rollout failed with %s: %s; not an infrastructure failure, so it is raised",
+                         type(caught).__name__, caught)
+            raise
+        error = caught
+    if agent.trajectory.token_trace is None:
+        raise RuntimeError(f"the agent stopped before its first model call: {error!r}") from error
+    return error
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,6 @@ mostly dropped.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import functools
 import json
@@ -45,11 +44,10 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 
 from rllm.engine.rollout.verl_engine import VerlEngine, VerlSession
 from rllm.integrations.strands import Budget, StrandsAgent, describe_failure
-from rllm.integrations.strands.rollout import build_agent, read_rollout, rollout_termination
+from rllm.integrations.strands.rollout import build_agent, read_rollout, run_token_rollout
 from rllm.integrations.verl._dotted import import_object
 from rllm.parser import get_tool_parser
 from rllm.tokens.renderer import content_text
-from rllm.types import TerminationReason
 
 logger = logging.getLogger(__name__)
 
@@ -324,20 +322,7 @@ class StrandsAgentLoop(AgentLoopBase):
         prompt: Any = conversation
         if len(conversation) == 1 and conversation[0]["role"] == "user":
             prompt = conversation[0]["content"][0]["text"]
-        error: BaseException | None = None
-        try:
-            if self.settings.timeout_s is None:
-                await agent.invoke_async(prompt)
-            else:
-                await asyncio.wait_for(agent.invoke_async(prompt), timeout=self.settings.timeout_s)
-        except Exception as caught:  # noqa: BLE001 - typed below; anything untyped is raised
-            if rollout_termination(agent, caught) is TerminationReason.ERROR:
-                logger.error("rollout failed with %s: %s; not an infrastructure failure, so it is raised",
-                             type(caught).__name__, caught)
-                raise
-            error = caught
-        if agent.trajectory.token_trace is None:
-            raise RuntimeError(f"the agent stopped before its first model call: {error!r}") from error
+        error = await run_token_rollout(agent, prompt, timeout_s=self.settings.timeout_s)
         return self._output(agent, error, kwargs)
 
     def _output(self, agent: StrandsAgent, error: BaseException | None, row: dict[str, Any]) -> AgentLoopOutput:
