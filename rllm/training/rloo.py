@@ -96,9 +96,10 @@ class LocalRLOOTrainer:
     def _device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def _micro_batches(self, batch: RolloutBatch) -> list[RolloutBatch]:
-        size = max(int(self.actor.ppo_micro_batch_size_per_gpu or len(batch)), 1)
-        return [batch.select(slice(i, i + size)) for i in range(0, len(batch), size)]
+    def _micro_slices(self, rows: int) -> list[slice]:
+        """Slices of ``rows`` rows, ``actor.ppo_micro_batch_size_per_gpu`` at a time."""
+        size = max(int(self.actor.ppo_micro_batch_size_per_gpu or rows), 1)
+        return [slice(i, i + size) for i in range(0, rows, size)]
 
     def _log_probs(self, batch: RolloutBatch) -> torch.Tensor:
         """Log-probs of ``batch.responses`` under the model as it is now ([B, R], float32)."""
@@ -112,7 +113,7 @@ class LocalRLOOTrainer:
     def log_probs(self, batch: RolloutBatch) -> torch.Tensor:
         """Log-probs of every response token, without gradients, micro-batched (verl's ``compute_log_prob``)."""
         with torch.no_grad():
-            return torch.cat([self._log_probs(mb) for mb in self._micro_batches(batch)])
+            return torch.cat([self._log_probs(batch.select(part)) for part in self._micro_slices(len(batch))])
 
     def advantages(self, batch: RolloutBatch, rewards: Sequence[float], groups: Sequence[str]) -> torch.Tensor:
         """RLOO advantages ([B, R]) from verl's ``compute_rloo_outcome_advantage``, rollouts grouped by ``groups``."""
@@ -137,18 +138,18 @@ class LocalRLOOTrainer:
         total_loss, grad_norm, metrics, updates = 0.0, 0.0, {}, 0
         self.model.train()
         for start in range(0, len(batch), rows):
-            index = list(range(start, min(start + rows, len(batch))))
-            mini = batch.select(index)
+            part = slice(start, start + rows)
+            mini, mini_old, mini_advantages = batch.select(part), old[part], advantages[part]
             self.actor.global_batch_info.update(dp_size=1, batch_num_tokens=int(mini.response_mask.sum()),
                                                 global_batch_size=len(mini),
                                                 loss_scale_factor=self.actor.loss_scale_factor)
             self.optimizer.zero_grad(set_to_none=True)
-            for offset, micro in _with_offsets(self._micro_batches(mini)):
-                rows_of = [index[offset + i] for i in range(len(micro))]
-                log_prob = self._log_probs(micro)
+            for micro in self._micro_slices(len(mini)):
+                log_prob = self._log_probs(mini.select(micro))
                 loss, metrics = self.policy_loss(
-                    old_log_prob=old[rows_of], log_prob=log_prob, advantages=advantages[rows_of].to(log_prob.device),
-                    response_mask=micro.response_mask.bool().to(log_prob.device),
+                    old_log_prob=mini_old[micro], log_prob=log_prob,
+                    advantages=mini_advantages[micro].to(log_prob.device),
+                    response_mask=mini.response_mask[micro].bool().to(log_prob.device),
                     loss_agg_mode=self.actor.loss_agg_mode, config=self.actor, rollout_is_weights=None,
                 )
                 loss.backward()
@@ -180,9 +181,9 @@ class LocalRLOOTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         tokens = int(batch.response_mask.sum())
         total = 0.0
-        for micro in self._micro_batches(batch):
-            log_prob = self._log_probs(micro)
-            mask = micro.response_mask.to(log_prob.device)
+        for part in self._micro_slices(len(batch)):
+            log_prob = self._log_probs(batch.select(part))
+            mask = batch.response_mask[part].to(log_prob.device)
             loss = agg_loss(-log_prob, mask, "token-mean", batch_num_tokens=tokens)
             loss.backward()
             total += float(loss.detach())
@@ -191,10 +192,3 @@ class LocalRLOOTrainer:
         self.model.eval()
         return total
 
-
-def _with_offsets(micro_batches: list[RolloutBatch]) -> list[tuple[int, RolloutBatch]]:
-    offsets, start = [], 0
-    for micro in micro_batches:
-        offsets.append((start, micro))
-        start += len(micro)
-    return offsets
