@@ -40,7 +40,7 @@ import torch
 from rllm.agents.lookup import LOOKUP_SYSTEM_PROMPT, LookupWorld, lookup_tools
 from rllm.engine.rollout.transformers_engine import TransformersEngine
 from rllm.integrations.strands import Budget
-from rllm.training.rollouts import Rollout, RolloutRequest, run_rollout
+from rllm.training.rollouts import Rollout, RolloutRequest, run_rollouts
 from rllm.types import ModelOutput, TerminationReason, ToolCall
 
 logger = logging.getLogger("bench_transformers_engine")
@@ -118,11 +118,8 @@ async def run_wave(engine: TransformersEngine, world: LookupWorld, count: int, f
                        str(first_seed + i), {"temperature": 1.0, "max_tokens": args.max_tokens, "seed": first_seed + i})
         for i in range(count)
     ]
-    return list(await asyncio.gather(*(
-        run_rollout(engine, r, tools=tools, system_prompt=LOOKUP_SYSTEM_PROMPT, budget=budget,
-                    response_length=args.turns * (args.max_tokens + 200))
-        for r in requests
-    )))
+    return await run_rollouts(engine, requests, tools=tools, system_prompt=LOOKUP_SYSTEM_PROMPT, budget=budget,
+                              response_length=args.turns * (args.max_tokens + 200))
 
 
 def measure(engine: TransformersEngine, world: LookupWorld, mode: str, concurrency: int, args: argparse.Namespace) -> Cell:

@@ -23,6 +23,7 @@ logger = logging.getLogger("learning_proof")
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the proof with the command line's configuration; 0 when it passed, 1 when it failed."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default=None, help="cpu, cuda (default: cuda when available)")
     parser.add_argument("--seed", type=int, default=0)

@@ -47,6 +47,7 @@ from rllm.testing.chat_templates import load_chat_template
 from rllm.testing.qwen_tokenizer import QwenVocab, build_qwen_tokenizer
 from rllm.testing.scripted_tokens import MessageScriptedEngine
 from rllm.testing.tiny_models import build_tiny_qwen3
+from rllm.tokens.renderer import content_text
 from rllm.training.batch import pad_rollouts
 from rllm.training.rloo import LocalRLOOTrainer, default_actor_config
 from rllm.training.rollouts import Rollout, RolloutRequest, run_rollouts
@@ -161,8 +162,7 @@ class LearningProof:
     def __init__(self, config: ProofConfig, on_step: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.config = c = config
         self.on_step = on_step
-        random.seed(c.seed)
-        torch.manual_seed(c.seed)
+        torch.manual_seed(c.seed)  # the engine draws unseeded samples from torch's generator
         self.rng = random.Random(c.seed)
         if c.vocab not in VOCABS:
             raise ValueError(f"unknown vocab {c.vocab!r}; one of {sorted(VOCABS)}")
@@ -215,8 +215,7 @@ class LearningProof:
 
         def teacher(messages: list[dict[str, Any]]) -> dict[str, Any]:
             question = next(m for m in messages if m.get("role") == "user")["content"]
-            text = question if isinstance(question, str) else "".join(p.get("text", "") for p in question)
-            return scripts[text](messages)
+            return scripts[content_text(question)](messages)
 
         engine = MessageScriptedEngine(self.tokenizer, teacher, chat_template_kwargs=CHAT_TEMPLATE_KWARGS)
         rollouts = self._run(engine, [RolloutRequest(t.question, t.task_id, {"max_tokens": c.max_tokens}) for t in tasks])
