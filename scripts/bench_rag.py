@@ -72,7 +72,7 @@ sys.path.insert(0, str(REPO))
 from rag.corpus import Corpus, write_jsonl  # noqa: E402
 from rag.manifest import Manifest  # noqa: E402
 from rllm.data.hotpotqa import SHIPPED_HOTPOTQA  # noqa: E402
-from rllm.processes import free_port  # noqa: E402
+from rllm.processes import free_port, log_tail  # noqa: E402
 
 logger = logging.getLogger("bench_rag")
 RL_REPEATS = 8
@@ -528,12 +528,8 @@ def _wait_healthy(proc: subprocess.Popen, port: int, what: str, timeout: float =
     import httpx
 
     def tail() -> str:
-        if log is None:
-            return ""
-        try:
-            return "; its log ends:\n" + "\n".join(log.read_text(errors="replace").splitlines()[-15:])
-        except OSError:
-            return ""
+        text = log_tail(log, 15) if log is not None else ""
+        return f"; its log ends:\n{text}" if text else ""
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
