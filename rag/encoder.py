@@ -51,11 +51,16 @@ class Encoder:
         query_prefix / passage_prefix: Prepended to each query / passage before encoding.
         normalize: L2-normalise embeddings.
         device: Torch device the model runs on.
+        query_batch_size: Queries per forward pass inside one ``encode_queries`` call. The model
+            sorts a call's texts by length and pads each forward only to its longest text, so on CPU
+            several forwards of 32 similar-length queries beat one padded forward of 256 (1.5x at 256
+            on MiniLM, see rag/README.md). None encodes the whole call in one forward.
     """
 
     def __init__(self, name: str, *, query_prefix: str = "", passage_prefix: str = "", normalize: bool = True,
                  device: str | None = None, max_seq_length: int | None = None, fp16: bool = False,
-                 threads: int | None = None, base_dir: str | Path | None = None) -> None:
+                 threads: int | None = None, base_dir: str | Path | None = None,
+                 query_batch_size: int | None = None) -> None:
         import torch
         from sentence_transformers import SentenceTransformer
 
@@ -68,6 +73,9 @@ class Encoder:
         self.passage_prefix = passage_prefix
         self.normalize = normalize
         self.device = device
+        if query_batch_size is not None and query_batch_size < 1:
+            raise ValueError(f"query_batch_size must be at least 1, got {query_batch_size}")
+        self.query_batch_size = query_batch_size
         self._torch = torch
         try:
             self._model = SentenceTransformer(resolve_encoder(name, base_dir), device=device)
@@ -83,11 +91,11 @@ class Encoder:
 
     @classmethod
     def from_manifest(cls, manifest: Manifest, index_dir: str | Path | None = None, *, device: str | None = None,
-                      fp16: bool = False, threads: int | None = None) -> Encoder:
+                      fp16: bool = False, threads: int | None = None, query_batch_size: int | None = None) -> Encoder:
         """The encoder an index was built with."""
         return cls(manifest.encoder, query_prefix=manifest.query_prefix, passage_prefix=manifest.passage_prefix,
                    normalize=manifest.normalize, device=device, max_seq_length=manifest.max_seq_length, fp16=fp16,
-                   threads=threads, base_dir=index_dir)
+                   threads=threads, base_dir=index_dir, query_batch_size=query_batch_size)
 
     @property
     def dim(self) -> int:
@@ -108,8 +116,9 @@ class Encoder:
         return np.ascontiguousarray(vectors, dtype=np.float32)
 
     def encode_queries(self, queries: list[str]) -> np.ndarray:
-        """``(len(queries), dim)`` float32 query embeddings, in one forward pass when it fits."""
-        return self._encode([self.query_prefix + q for q in queries], batch_size=len(queries))
+        """``(len(queries), dim)`` float32 query embeddings, in forwards of ``query_batch_size`` similar-length queries."""
+        return self._encode([self.query_prefix + q for q in queries],
+                            batch_size=min(len(queries), self.query_batch_size or len(queries)))
 
     def encode_passages(self, passages: list[str], batch_size: int = 64) -> np.ndarray:
         """``(len(passages), dim)`` float32 passage embeddings."""

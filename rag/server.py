@@ -445,6 +445,9 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--ef-search", type=int, default=None, help="HNSW search breadth")
     g.add_argument("--mmap-index", action="store_true", help="memory-map a CPU index file instead of reading it")
     g.add_argument("--threads", type=int, default=None, help="CPU threads for the encoder and FAISS")
+    g.add_argument("--query-batch-size", type=int, default=None,
+                   help="queries per encoder forward, sorted by length so each forward pads little (default: "
+                        "32 on CPU, the whole batch on a GPU; 0: the whole batch)")
     g.add_argument("--switch-interval-ms", type=float, default=_SWITCH_INTERVAL_MS,
                    help="Python's GIL switch interval: how long the compute thread may wait for the GIL while "
                         "the event loop holds it, at every torch op boundary (Python's default is 5)")
@@ -493,7 +496,8 @@ def main(argv: list[str] | None = None) -> None:
                            shard=not args.replicate, fp16=not args.no_fp16, temp_memory_mb=args.temp_memory_mb,
                            nprobe=args.nprobe, ef_search=args.ef_search, threads=args.threads,
                            search_backend=args.search_backend, torch_chunk_mb=args.torch_chunk_mb)
-    retriever = Retriever.load(args.index_dir, options, threads=args.threads, mmap_index=args.mmap_index)
+    retriever = Retriever.load(args.index_dir, options, threads=args.threads, mmap_index=args.mmap_index,
+                               query_batch_size="auto" if args.query_batch_size is None else args.query_batch_size or None)
     retriever.search(["warm-up query"], 1)
     token = args.token or token_from_env()
     settings = ServerSettings(token=token, drain_timeout=args.drain_timeout, body_timeout=args.body_timeout, **{

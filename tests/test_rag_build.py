@@ -73,6 +73,17 @@ def test_minilm_resolves_to_the_packaged_model() -> None:
     assert resolve_encoder("intfloat/e5-base-v2") == "intfloat/e5-base-v2"
 
 
+def test_sub_batched_query_encoding_gives_the_vectors_of_one_forward(encoder: Encoder) -> None:
+    # Queries of very different lengths: one forward pads all of them to the longest, sub-batches do not.
+    queries = [t if i % 3 else " ".join([t] * (1 + i % 7)) for i, t in enumerate(TOPICS * 2)]
+    whole = encoder.encode_queries(queries)
+    sub = Encoder(MINILM, max_seq_length=64, query_batch_size=4)
+    assert sub.query_batch_size == 4
+    np.testing.assert_allclose(sub.encode_queries(queries), whole, atol=2e-5)
+    with pytest.raises(ValueError, match="query_batch_size must be at least 1"):
+        Encoder(MINILM, query_batch_size=0)
+
+
 @pytest.mark.parametrize("kind", ["flat", "ivf", "hnsw"])
 def test_built_index_finds_each_passage_by_its_text(tmp_path: Path, corpus_file: Path, encoder: Encoder,
                                                      kind: str) -> None:
@@ -85,6 +96,7 @@ def test_built_index_finds_each_passage_by_its_text(tmp_path: Path, corpus_file:
     hits = r.search([f"This passage is about {TOPICS[5]}, number 5."], 3)[0]
     assert hits[0]["id"] == "doc5" and hits[0]["title"] == "Chocolate Cake Recipe"
     assert r.describe()["index"]["type"] == kind
+    assert r.describe()["encoder"]["query_batch_size"] == 32  # CPU default: length-sorted forwards of 32
 
 
 class _Flaky:
