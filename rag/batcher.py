@@ -1,15 +1,15 @@
 """Auto-batching with no idle latency, in-flight de-duplication, an LRU cache and a bounded queue.
 
-An idle batcher sends a lone query to the worker thread at once. While a batch computes, new
-queries wait in the queue and leave together as the next batch (up to ``max_batch_size``), so
-batches grow with load instead of with a timer. The worker thread runs encode + search, so the
-event loop keeps accepting requests meanwhile. A query already queued or computing is joined,
-not recomputed, and finished answers stay in an LRU cache (RL asks each question n times).
-Each answer is serialised to JSON once, in the worker thread, and kept as bytes beside the list,
-so a cache hit or a joined duplicate costs the event loop no serialisation at all.
+An idle batcher sends a lone query to a worker thread at once. While batches compute, new
+queries wait in the queue and leave together as the next batch (up to ``max_batch_size``) when a
+worker frees up, so batches grow with load instead of with a timer. ``workers`` threads compute
+batches side by side (on CPU two single-threaded forwards beat one two-threaded forward, and do
+not stall each other when the event loop takes a core); the event loop keeps accepting requests
+meanwhile. A query already queued or computing is joined, not recomputed, and finished answers
+stay in an LRU cache (RL asks each question n times). Each answer is serialised to JSON once, in
+the worker thread, and kept as bytes beside the list, so a cache hit or a joined duplicate costs
+the event loop no serialisation at all.
 """
-
-from __future__ import annotations
 
 import asyncio
 import logging
@@ -51,9 +51,21 @@ class Overloaded(Exception):
 
 @dataclass
 class _Item:
+    """One query to compute and every caller waiting for it (each with its own future, so one caller
+    giving up cancels only its own wait)."""
+
     query: str
     top_k: int
-    future: asyncio.Future[Answer]
+    waiters: list[asyncio.Future[Answer]]
+
+    def resolve(self, answer: Answer | None = None, error: BaseException | None = None) -> None:
+        for future in self.waiters:
+            if future.done():
+                continue
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(answer)  # type: ignore[arg-type]
 
 
 class _LRU:
@@ -98,38 +110,45 @@ class BatcherStats:
 
 
 class Batcher:
-    """Turns concurrent ``retrieve`` calls into batched ``compute(queries, top_k)`` calls on one worker thread.
+    """Turns concurrent ``retrieve`` calls into batched ``compute(queries, top_k)`` calls on worker threads.
 
     ``compute`` must return one result list per query, best first, with at least ``top_k`` entries
     where the corpus has them; a batch mixing several ``top_k`` is computed at the largest and cut.
+    With ``workers`` above 1 it is called from several threads at once and must be thread-safe; a
+    second batch starts beside a running one only when at least ``parallel_min_batch`` queries wait
+    (fewer are served sooner by joining the next batch than by a batch of their own at half the threads).
     """
 
     def __init__(self, compute: Compute, *, max_batch_size: int = 128, max_queue: int = 4096,
-                 cache_passages: int = 100_000, retry_after: int = 1,
+                 cache_passages: int = 100_000, retry_after: int = 1, workers: int = 1, parallel_min_batch: int = 8,
                  on_batch: Callable[[int, float], None] | None = None) -> None:
-        if max_batch_size < 1 or max_queue < 1:
-            raise ValueError("max_batch_size and max_queue must be at least 1")
+        if max_batch_size < 1 or max_queue < 1 or workers < 1:
+            raise ValueError("max_batch_size, max_queue and workers must be at least 1")
         self._compute = compute
         self.max_batch_size = max_batch_size
         self.max_queue = max_queue
         self.retry_after = retry_after
+        self.workers = workers
+        self.parallel_min_batch = parallel_min_batch
         self._on_batch = on_batch
         self._cache = _LRU(cache_passages)
         self._pending: deque[_Item] = deque()
-        self._inflight: dict[tuple[str, int], asyncio.Future[Answer]] = {}
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rag-compute")
-        self._runner: asyncio.Task[None] | None = None
+        self._inflight: dict[tuple[str, int], _Item] = {}
+        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rag-compute")
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._busy = 0
         self._computing = 0
+        self._idle: asyncio.Event | None = None
         self.stats = BatcherStats()
 
     @property
     def queue_depth(self) -> int:
-        """Queries waiting for a batch (not counting the one computing)."""
+        """Queries waiting for a batch (not counting those computing)."""
         return len(self._pending)
 
     @property
     def computing(self) -> int:
-        """Size of the batch now computing (0 when idle)."""
+        """Queries in the batches now computing (0 when idle)."""
         return self._computing
 
     @property
@@ -143,39 +162,45 @@ class Batcher:
 
     async def answers(self, queries: Sequence[str], top_k: int) -> list[Answer]:
         """Like ``retrieve``, with each answer's JSON bytes (what the server sends)."""
-        waits: list[Answer | asyncio.Future[Answer]] = []
+        found: list[Answer | _Item] = []
         new: dict[tuple[str, int], _Item] = {}
         hits = joins = 0
         for query in queries:
             key = (query, top_k)
             cached = self._cache.get(key)
             if cached is not None:
-                waits.append(cached)
+                found.append(cached)
                 hits += 1
                 continue
-            future = self._inflight.get(key)
-            if future is None and key in new:
-                future = new[key].future
-            if future is not None:
-                waits.append(future)
+            item = self._inflight.get(key) or new.get(key)
+            if item is None:
+                item = new[key] = _Item(query, top_k, [])
+            else:
                 joins += 1
-                continue
-            item = _Item(query, top_k, asyncio.get_running_loop().create_future())
-            new[key] = item
-            waits.append(item.future)
+            found.append(item)
         if new and len(self._pending) + len(new) > self.max_queue:
             self.stats.rejected += len(queries)
             raise Overloaded(len(self._pending), self.max_queue, self.retry_after)
         self.stats.queries += len(queries)
         self.stats.cache_hits += hits
         self.stats.deduplicated += joins
+        if not new and hits == len(found):
+            return found  # type: ignore[return-value]  # every one a cache hit
+        loop = asyncio.get_running_loop()
+        waits: list[Answer | asyncio.Future[Answer]] = []
+        for entry in found:
+            if isinstance(entry, Answer):
+                waits.append(entry)
+            else:
+                future = loop.create_future()
+                entry.waiters.append(future)
+                waits.append(future)
         for key, item in new.items():
-            self._inflight[key] = item.future
+            self._inflight[key] = item
             self._pending.append(item)
-        if new and (self._runner is None or self._runner.done()):
-            self._runner = asyncio.get_running_loop().create_task(self._run())
-        # shield: one caller giving up must not cancel an answer others are waiting for.
-        return [w if isinstance(w, Answer) else await asyncio.shield(w) for w in waits]
+        if new:
+            self._dispatch()
+        return [w if isinstance(w, Answer) else await w for w in waits]
 
     def _compute_answers(self, queries: list[str], top_ks: list[int]) -> list[Answer]:
         """Worker thread: one compute at the largest ``top_k``, each answer cut to its own and serialised."""
@@ -184,28 +209,36 @@ class Batcher:
             raise RuntimeError(f"retriever returned {len(results)} answers for {len(queries)} queries")
         return [Answer(r[:k], _to_json(r[:k])) for r, k in zip(results, top_ks, strict=True)]
 
-    async def _run(self) -> None:
+    def _dispatch(self) -> None:
+        """Start a batch on every free worker while queries wait."""
         loop = asyncio.get_running_loop()
-        while self._pending:
+        while self._pending and self._busy < self.workers:
+            if self._busy and len(self._pending) < self.parallel_min_batch:
+                break  # a small batch waits for the running one rather than halve its threads
             batch = [self._pending.popleft() for _ in range(min(self.max_batch_size, len(self._pending)))]
-            self._computing = len(batch)
-            start = time.perf_counter()
-            try:
-                results = await loop.run_in_executor(self._executor, self._compute_answers, [i.query for i in batch],
-                                                     [i.top_k for i in batch])
-            except BaseException as error:  # noqa: BLE001 - every waiter must hear about it, then cancellation goes on
-                self.stats.failed_batches += 1
-                if not isinstance(error, asyncio.CancelledError):
-                    logger.exception("retrieval batch of %d failed", len(batch))
-                for item in batch:
-                    self._inflight.pop((item.query, item.top_k), None)
-                    if not item.future.done():
-                        item.future.set_exception(error if isinstance(error, Exception) else RuntimeError("cancelled"))
-                if isinstance(error, asyncio.CancelledError):
-                    raise
-                continue
-            finally:
-                self._computing = 0
+            self._busy += 1
+            self._computing += len(batch)
+            if self._idle is not None:
+                self._idle.clear()
+            task = loop.create_task(self._run(batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, batch: list[_Item]) -> None:
+        start = time.perf_counter()
+        try:
+            results = await asyncio.get_running_loop().run_in_executor(
+                self._executor, self._compute_answers, [i.query for i in batch], [i.top_k for i in batch])
+        except BaseException as error:  # noqa: BLE001 - every waiter must hear about it, then cancellation goes on
+            self.stats.failed_batches += 1
+            if not isinstance(error, asyncio.CancelledError):
+                logger.exception("retrieval batch of %d failed", len(batch))
+            for item in batch:
+                self._inflight.pop((item.query, item.top_k), None)
+                item.resolve(error=error if isinstance(error, Exception) else RuntimeError("cancelled"))
+            if isinstance(error, asyncio.CancelledError):
+                raise
+        else:
             elapsed = time.perf_counter() - start
             self.stats.batches += 1
             self.stats.computed += len(batch)
@@ -216,18 +249,24 @@ class Batcher:
                 key = (item.query, item.top_k)
                 self._cache.put(key, answer)
                 self._inflight.pop(key, None)
-                if not item.future.done():
-                    item.future.set_result(answer)
+                item.resolve(answer)
+        finally:
+            self._busy -= 1
+            self._computing -= len(batch)
+            self._dispatch()
+            if self._busy == 0 and self._idle is not None:
+                self._idle.set()
 
     async def drain(self, timeout: float | None = None) -> None:
         """Wait until queued and computing queries are answered (shutdown finishes work in flight)."""
-        runner = self._runner
-        if runner is not None and not runner.done():
-            try:
-                await asyncio.wait_for(asyncio.shield(runner), timeout)
-            except asyncio.TimeoutError:
-                logger.warning("retrieval queue did not drain in %.0f s; %d queries dropped", timeout or 0,
-                               len(self._pending) + self._computing)
+        if self._busy == 0:
+            return
+        self._idle = self._idle or asyncio.Event()
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except asyncio.TimeoutError:
+            logger.warning("retrieval queue did not drain in %.0f s; %d queries dropped", timeout or 0,
+                           len(self._pending) + self._computing)
 
     def close(self) -> None:
         """Stop the worker thread (after ``drain``)."""

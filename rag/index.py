@@ -8,6 +8,7 @@ With neither (or no visible GPU) the index stays on the CPU and one log line say
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -49,7 +50,8 @@ class IndexOptions:
         temp_memory_mb: Per-GPU scratch memory for FAISS; None keeps FAISS's default.
         nprobe: IVF lists probed per query.
         ef_search: HNSW search breadth.
-        threads: OpenMP threads FAISS uses on CPU; None keeps the default.
+        threads: OpenMP threads FAISS uses on CPU, in whichever thread searches (OpenMP's count is
+            per calling thread); None keeps the default.
         search_backend: ``auto`` (faiss-gpu if it loads, else torch for a flat index on GPU),
             ``faiss`` (never torch), or ``torch`` (flat only; on ``device="cpu"`` it runs on CPU torch).
         torch_chunk_mb: Memory budget of one query chunk's score matrix per shard (torch backend).
@@ -75,12 +77,24 @@ class SearchIndex:
     """A loaded index plus where it lives; ``search`` is thread-safe for concurrent readers."""
 
     def __init__(self, index: Any, *, kind: str, devices: list[str], metric: Metric = "ip",
-                 backend: str = "faiss") -> None:
+                 backend: str = "faiss", threads: int | None = None) -> None:
         self._index = index
         self.kind = kind
         self.devices = devices
         self.metric = metric
         self.backend = backend
+        self.threads = threads
+        self._thread_state = threading.local()
+
+    def set_threads(self, threads: int | None) -> None:
+        """FAISS's OpenMP threads per search, applied in each searching thread on its next search."""
+        self.threads = threads
+
+    def _apply_threads(self) -> None:
+        # omp_set_num_threads only affects the calling thread: a worker thread would otherwise use every core.
+        if self.threads and getattr(self._thread_state, "threads", None) != self.threads:
+            _faiss().omp_set_num_threads(self.threads)
+            self._thread_state.threads = self.threads
 
     @property
     def ntotal(self) -> int:
@@ -90,6 +104,7 @@ class SearchIndex:
     def search(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top-``k`` ``(scores, ids)`` per row of ``vectors``; ids are -1 where fewer exist."""
         k = max(1, min(k, self.ntotal)) if self.ntotal else 1
+        self._apply_threads()
         return self._index.search(np.ascontiguousarray(vectors, dtype=np.float32), k)
 
     def describe(self) -> dict[str, Any]:
@@ -170,8 +185,6 @@ def load_index(path: str | Path, kind: str = "flat", metric: Metric = "ip", opti
     if mmap:  # flat codes map straight from the file (page cache, not heap); IVF maps its inverted lists
         flags = faiss.IO_FLAG_MMAP_IFC if kind == "flat" else faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY
     cpu_index = faiss.read_index(str(path), flags)
-    if opts.threads:
-        faiss.omp_set_num_threads(opts.threads)
     if opts.blas_threshold is not None:
         faiss.cvar.distance_compute_blas_threshold = opts.blas_threshold
     if opts.nprobe is not None and hasattr(cpu_index, "nprobe"):
@@ -184,7 +197,8 @@ def load_index(path: str | Path, kind: str = "flat", metric: Metric = "ip", opti
             from rag.torch_search import from_faiss
 
             index = from_faiss(cpu_index, metric, torch_devices, fp16=opts.fp16, chunk_mb=opts.torch_chunk_mb)
-            return SearchIndex(index, kind=kind, devices=torch_devices, metric=metric, backend="torch")
+            return SearchIndex(index, kind=kind, devices=torch_devices, metric=metric, backend="torch",
+                               threads=opts.threads)
         if opts.search_backend == "torch":
             raise ValueError(f"search_backend='torch' cannot serve this index: {why_not_torch}")
     if opts.device != "cpu":
@@ -195,9 +209,9 @@ def load_index(path: str | Path, kind: str = "flat", metric: Metric = "ip", opti
             index, devices = _to_gpu(faiss, cpu_index, kind, opts, ngpu)
             if opts.nprobe is not None:
                 faiss.GpuParameterSpace().set_index_parameter(index, "nprobe", opts.nprobe)
-            return SearchIndex(index, kind=kind, devices=devices, metric=metric)
+            return SearchIndex(index, kind=kind, devices=devices, metric=metric, threads=opts.threads)
         if opts.device == "gpu":
             logger.warning("GPU requested but %s; serving the %s index on CPU", why_not, kind)
         else:
             logger.info("serving the %s index on CPU: %s", kind, why_not)
-    return SearchIndex(cpu_index, kind=kind, devices=["cpu"], metric=metric)
+    return SearchIndex(cpu_index, kind=kind, devices=["cpu"], metric=metric, threads=opts.threads)

@@ -72,7 +72,10 @@ class ServerSettings(BaseModel):
 
 
 class RetrieverLike(Protocol):
-    """What the app needs from ``rag.retriever.Retriever`` (tests wrap it to slow it down)."""
+    """What the app needs from ``rag.retriever.Retriever`` (tests wrap it to slow it down).
+
+    A ``workers`` attribute (threads that may call ``search`` at once) is read when present; else 1.
+    """
 
     def search(self, queries: list[str], top_k: int) -> list[list[dict[str, Any]]]: ...
 
@@ -203,13 +206,15 @@ FastHandler = Callable[[bytes], Awaitable[bytes]]
 _JSON_HEADERS = [(b"content-type", b"application/json")]
 
 
-class _Guard:
-    """Pure ASGI middleware: bearer token, body size and body read timeout, checked before any route runs.
+class RetrievalApp:
+    """The server's ASGI app: bearer token, body size and body read timeout, checked before any route runs.
 
     The body deadline runs from the moment the head arrived and covers the whole body, so a client
     trickling one byte a second is cut off as surely as one that stops; it ends with the body.
-    ``fast`` maps POST paths to handlers answered right here (body bytes in, JSON bytes out),
-    skipping the router, request objects and exception middleware on the hot path.
+    ``fast`` maps POST paths to handlers answered right here (body bytes in, JSON bytes out). It
+    wraps the FastAPI app from outside, so the hot path skips FastAPI's and Starlette's middleware
+    stack, router and request objects (that stack took over half the event loop's time per
+    request); everything else (``/health``, ``/metrics``, the docs, lifespan) goes to ``app``.
     """
 
     def __init__(self, app: Any, *, max_body_bytes: int, token: str | None, metrics: ServerMetrics,
@@ -220,6 +225,11 @@ class _Guard:
         self.metrics = metrics
         self.body_timeout = body_timeout
         self.fast = dict(fast or {})
+
+    @property
+    def state(self) -> Any:
+        """The FastAPI app's state (``batcher``, ``metrics``, ``settings``)."""
+        return self.app.state
 
     async def _reject(self, send: Send, status: int, message: str, headers: dict[str, str] | None = None) -> None:
         self.metrics.errors[status] += 1
@@ -304,16 +314,20 @@ class _Guard:
             if not started:
                 await self._reject(send, 408, f"request body not received within {self.body_timeout:g} s",
                                    {"Connection": "close"})
+        except Exception as error:  # a bug: answer 500 with its name (the router's error middleware is not above us)
+            logger.exception("%s %s failed", scope["method"], scope["path"])
+            if not started:
+                await self._reject(send, 500, f"internal error: {type(error).__name__}: {error}")
 
 
 # ----------------------------------------------------------------------------- app
-def create_app(retriever: RetrieverLike, settings: ServerSettings | None = None) -> FastAPI:
-    """A FastAPI app serving ``retriever``; state lives on ``app.state`` (``batcher``, ``metrics``)."""
+def create_app(retriever: RetrieverLike, settings: ServerSettings | None = None) -> RetrievalApp:
+    """The ASGI app serving ``retriever``; state lives on ``app.state`` (``batcher``, ``metrics``)."""
     settings = settings or ServerSettings()
     metrics = ServerMetrics()
     batcher = Batcher(retriever.search, max_batch_size=settings.max_batch_size, max_queue=settings.max_queue,
                       cache_passages=settings.cache_passages, retry_after=settings.retry_after,
-                      on_batch=metrics.record_batch)
+                      workers=getattr(retriever, "workers", 1), on_batch=metrics.record_batch)
     limits = {"max_query_chars": settings.max_query_chars, "max_top_k": settings.max_top_k,
               "max_batch_queries": settings.max_batch_queries}
     started = time.time()
@@ -365,11 +379,6 @@ def create_app(retriever: RetrieverLike, settings: ServerSettings | None = None)
         metrics.record_latency(time.perf_counter() - start)
         return b'{"top_k":%d,"results":[%b]}' % (req.top_k, b",".join(a.json for a in answers))
 
-    # The guard answers these POSTs itself (see _Guard.fast); the routes below document them and serve any
-    # caller that reaches the router directly.
-    app.add_middleware(_Guard, max_body_bytes=settings.max_body_bytes, token=settings.token, metrics=metrics,
-                       body_timeout=settings.body_timeout,
-                       fast={"/retrieve": retrieve_bytes, "/batch_retrieve": batch_retrieve_bytes})
 
     @app.post("/retrieve", response_model=RetrieveResponse, openapi_extra=_body_doc(RetrieveRequest),
               responses={400: {}, 401: {}, 408: {}, 413: {}, 422: {}, 503: {}})
@@ -391,7 +400,7 @@ def create_app(retriever: RetrieverLike, settings: ServerSettings | None = None)
             "status": "ok",
             **retriever.describe(),
             "batching": {"max_batch_size": settings.max_batch_size, "max_queue": settings.max_queue,
-                         "cache_passages": settings.cache_passages},
+                         "cache_passages": settings.cache_passages, "workers": batcher.workers},
             "limits": {**limits, "max_body_bytes": settings.max_body_bytes, "body_timeout": settings.body_timeout},
             "auth": settings.token is not None,
             "uptime_s": round(time.time() - started, 1),
@@ -403,7 +412,10 @@ def create_app(retriever: RetrieverLike, settings: ServerSettings | None = None)
         metrics.requests["metrics"] += 1
         return metrics.snapshot(batcher)
 
-    return app
+    # RetrievalApp answers the two POSTs itself (see its ``fast``); the routes above document them.
+    return RetrievalApp(app, max_body_bytes=settings.max_body_bytes, token=settings.token, metrics=metrics,
+                        body_timeout=settings.body_timeout,
+                        fast={"/retrieve": retrieve_bytes, "/batch_retrieve": batch_retrieve_bytes})
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -448,6 +460,9 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--query-batch-size", type=int, default=None,
                    help="queries per encoder forward, sorted by length so each forward pads little (default: "
                         "32 on CPU, the whole batch on a GPU; 0: the whole batch)")
+    g.add_argument("--workers", type=int, default=None,
+                   help="batches computed side by side, each on its own thread with its share of the CPU threads "
+                        "(default: 2 on a CPU with 2+ cores, 1 on a GPU)")
     g.add_argument("--switch-interval-ms", type=float, default=_SWITCH_INTERVAL_MS,
                    help="Python's GIL switch interval: how long the compute thread may wait for the GIL while "
                         "the event loop holds it, at every torch op boundary (Python's default is 5)")
@@ -497,7 +512,8 @@ def main(argv: list[str] | None = None) -> None:
                            nprobe=args.nprobe, ef_search=args.ef_search, threads=args.threads,
                            search_backend=args.search_backend, torch_chunk_mb=args.torch_chunk_mb)
     retriever = Retriever.load(args.index_dir, options, threads=args.threads, mmap_index=args.mmap_index,
-                               query_batch_size="auto" if args.query_batch_size is None else args.query_batch_size or None)
+                               query_batch_size="auto" if args.query_batch_size is None else args.query_batch_size or None,
+                               workers=args.workers or "auto")
     retriever.search(["warm-up query"], 1)
     token = args.token or token_from_env()
     settings = ServerSettings(token=token, drain_timeout=args.drain_timeout, body_timeout=args.body_timeout, **{

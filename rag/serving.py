@@ -11,7 +11,7 @@ Granian holds the limits a hostile or broken client tests below the application:
   accepted but waits in the kernel's listen backlog, holding no file descriptor and no memory of
   ours, and is served as slots free.
 
-The body read timeout is the app's own (``rag.server._Guard``, 408), since no server offers one.
+The body read timeout is the app's own (``rag.server.RetrievalApp``, 408), since no server offers one.
 HTTP/2 is off: its header limits are separate and default to 16 MB.
 """
 

@@ -255,10 +255,11 @@ def measure_corpus_memory(index_dir: Path, sample: int = 20_000) -> dict[str, fl
 class RawCeiling:
     """In-process ``encode + search`` with the server's own encoder and index: the bar the server is held to."""
 
-    def __init__(self, index_dir: Path, threads: int | None, top_k: int = 3, options: Any = None) -> None:
+    def __init__(self, index_dir: Path, threads: int | None, top_k: int = 3, options: Any = None,
+                 workers: int | None = None) -> None:
         from rag.retriever import Retriever
 
-        self.r = Retriever.load(index_dir, options, threads=threads)
+        self.r = Retriever.load(index_dir, options, threads=threads, workers=workers or "auto")
         self.top_k = top_k
 
     def placement(self) -> dict[str, Any]:
@@ -275,11 +276,18 @@ class RawCeiling:
             batches += 1
         return (time.perf_counter() - t) / max(1, batches)
 
-    def _run(self, queries: list[str], batch_size: int) -> tuple[float, float]:
-        """(queries per second, CPU ms per query)."""
+    def _run(self, queries: list[str], batch_size: int, streams: int = 1) -> tuple[float, float]:
+        """(queries per second, CPU ms per query), with ``streams`` threads searching batches side by side."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        batches = [queries[i : i + batch_size] for i in range(0, len(queries), batch_size)]
         t, c = time.perf_counter(), time.process_time()
-        for i in range(0, len(queries), batch_size):
-            self.r.index.search(self.r.encoder.encode_queries(queries[i : i + batch_size]), self.top_k)
+        if streams == 1:
+            for batch in batches:
+                self.r.encode_and_search(batch, self.top_k)
+        else:
+            with ThreadPoolExecutor(streams) as pool:
+                list(pool.map(lambda b: self.r.encode_and_search(b, self.top_k), batches))
         return len(queries) / (time.perf_counter() - t), (time.process_time() - c) / len(queries) * 1e3
 
     def lone_query_ms(self, queries: list[str]) -> float:
@@ -287,21 +295,27 @@ class RawCeiling:
         times = []
         for q in queries:
             t = time.perf_counter()
-            self.r.index.search(self.r.encoder.encode_queries([q]), self.top_k)
+            self.r.encode_and_search([q], self.top_k)
             times.append(time.perf_counter() - t)
         return statistics.median(times) * 1e3
 
     def sweep(self, queries: QuerySource, batch_sizes: list[int], min_queries: int) -> dict[str, Any]:
-        """Throughput at each batch size; the best is the ceiling."""
+        """Throughput at each batch size, one batch at a time and, where the server runs several workers,
+        as many batches side by side; the best of all is the ceiling."""
         self._run(queries.take(64), 32)  # warm-up
         single = self.lone_query_ms(queries.take(40))
         sweep, cpu = {}, {}
-        for bs in batch_sizes:
-            sweep[bs], cpu[bs] = self._run(queries.take(max(min_queries, 2 * bs)), bs)
-            logger.info("raw batch %d: %.1f q/s, %.2f CPU ms/query", bs, sweep[bs], cpu[bs])
+        for streams in sorted({1, self.r.workers}):
+            for bs in batch_sizes:
+                key = (bs, streams)
+                sweep[key], cpu[key] = self._run(queries.take(max(min_queries, 2 * bs * streams)), bs, streams)
+                logger.info("raw batch %d x %d stream(s): %.1f q/s, %.2f CPU ms/query", bs, streams, sweep[key],
+                            cpu[key])
         best = max(sweep, key=sweep.get)
-        return {"single_ms": single, "sweep_qps": sweep, "best_batch": best, "ceiling_qps": sweep[best],
-                "cpu_ms_per_query": cpu[best]}
+        return {"single_ms": single, "sweep_qps": {bs: q for (bs, st), q in sweep.items() if st == 1},
+                "parallel_sweep_qps": {bs: q for (bs, st), q in sweep.items() if st > 1},
+                "streams": self.r.workers, "best_batch": best[0], "best_streams": best[1],
+                "ceiling_qps": sweep[best], "cpu_ms_per_query": cpu[best]}
 
     def recheck(self, raw: dict[str, Any], queries: QuerySource, min_queries: int) -> None:
         """Measure the ceiling and the lone query again after the server runs, keeping the harder bar of the two.
@@ -309,8 +323,8 @@ class RawCeiling:
         On a shared machine load drifts; taking the faster ceiling and the faster lone query makes
         the reported ratios conservative rather than flattering.
         """
-        bs = raw["best_batch"]
-        qps, cpu = self._run(queries.take(max(min_queries, 2 * bs)), bs)
+        bs, streams = raw["best_batch"], raw.get("best_streams", 1)
+        qps, cpu = self._run(queries.take(max(min_queries, 2 * bs * streams)), bs, streams)
         single = self.lone_query_ms(queries.take(40))
         logger.info("raw recheck: batch %d %.1f q/s (before: %.1f); lone query %.1f ms (before: %.1f)", bs, qps,
                     raw["ceiling_qps"], single, raw["single_ms"])
@@ -725,7 +739,9 @@ def report(raw: dict[str, Any], levels: list[LevelResult], memory: dict[str, flo
     others = list(dict.fromkeys(r.system for r in levels if r.system != "this server" and not r.system.startswith("rLLM")))
     other = {name: {(r.mix, r.concurrency): r for r in levels if r.system == name} for name in others}
     lines = [*([setup, ""] if setup else []),
-        f"In-process ceiling (encode + search, batch {raw['best_batch']}, the higher of before and after the "
+        f"In-process ceiling (encode + search, batch {raw['best_batch']}"
+        + (f" x {raw['best_streams']} side by side" if raw.get("best_streams", 1) > 1 else "")
+        + ", the higher of before and after the "
         f"servers ran): **{ceiling:.1f} q/s**; one lone query: **{raw['single_ms']:.1f} ms** (median). "
         f"Machine load (1-min average) at start / end: {load}.",
         "",
@@ -774,7 +790,10 @@ def report(raw: dict[str, Any], levels: list[LevelResult], memory: dict[str, flo
                        str(sum(r.errors for r in ours.values()))))
     verdicts = [f"{'PASS' if ok else 'FAIL' if ok is False else 'SKIP'}  {name}: {value}" for name, ok, value in checks]
     lines += ["", "Ceiling sweep (q/s by batch size): "
-              + ", ".join(f"{bs}: {q:.1f}" for bs, q in raw["sweep_qps"].items()),
+              + ", ".join(f"{bs}: {q:.1f}" for bs, q in raw["sweep_qps"].items())
+              + ("; {} batches side by side: ".format(raw["streams"])
+                 + ", ".join(f"{bs}: {q:.1f}" for bs, q in raw["parallel_sweep_qps"].items())
+                 if raw.get("parallel_sweep_qps") else ""),
               f"Corpus memory: {memory}"]
     return "\n".join(lines), verdicts
 

@@ -146,3 +146,39 @@ async def test_cache_is_bounded_by_passages_held() -> None:
     await batcher.retrieve(["a"], 2)  # evicted, so computed again
     assert batcher.stats.cache_hits == 0
     batcher.close()
+
+
+async def test_a_caller_giving_up_leaves_the_shared_answer_to_the_others() -> None:
+    compute = GatedCompute(hold_first=True)
+    batcher = Batcher(compute)
+    quitter = asyncio.ensure_future(batcher.retrieve(["shared"], 1))
+    await _until(compute.entered.is_set)
+    stayers = [asyncio.ensure_future(batcher.retrieve(["shared"], 1)) for _ in range(3)]
+    await asyncio.sleep(0)
+    quitter.cancel()
+    compute.gate.set()
+    answers = await asyncio.gather(*stayers)
+    assert quitter.cancelled()
+    assert [a[0][0]["id"] for a in answers] == ["shared#0"] * 3
+    assert len(compute.batches) == 1 and batcher.cache_entries == 1
+    batcher.close()
+
+
+async def test_second_worker_starts_a_batch_beside_a_running_one_only_when_enough_queries_wait() -> None:
+    compute = GatedCompute(hold_first=True)
+    batcher = Batcher(compute, workers=2, parallel_min_batch=3)
+    first = asyncio.ensure_future(batcher.retrieve(["q0"], 1))
+    await _until(compute.entered.is_set)
+    few = [asyncio.ensure_future(batcher.retrieve([q], 1)) for q in ("q1", "q2")]
+    await _until(lambda: batcher.queue_depth == 2)
+    await asyncio.sleep(0.05)
+    assert len(compute.batches) == 1  # two waiting: they wait for the running batch rather than start their own
+    third = asyncio.ensure_future(batcher.retrieve(["q3"], 1))
+    await _until(lambda: len(compute.batches) == 2)  # three waiting: the second worker takes them at once
+    assert compute.batches[1] == (["q1", "q2", "q3"], 1) and batcher.queue_depth == 0
+    assert batcher.computing == 4
+    compute.gate.set()
+    await asyncio.gather(first, *few, third)
+    assert batcher.stats.batches == 2 and batcher.computing == 0
+    await batcher.drain(1)
+    batcher.close()

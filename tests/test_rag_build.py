@@ -156,3 +156,46 @@ def test_build_index_cli_with_an_unfetchable_encoder_says_so_in_one_line(tmp_pat
     assert run.returncode == 2 and "Traceback" not in run.stderr
     last = run.stderr.strip().splitlines()[-1]
     assert last.startswith("rag.build_index: error: encoder 'intfloat/e5-base-v2' cannot be loaded")
+
+
+def test_two_workers_search_side_by_side_with_the_answers_of_one(tmp_path: Path, corpus_file: Path,
+                                                                 encoder: Encoder) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    out = tmp_path / "idx"
+    build_index(corpus_file, out, max_seq_length=64, progress=False, model=encoder)
+    r = Retriever.load(out, workers=2)
+    assert r.workers == 2 and r.describe()["workers"] == 2
+    batches = [[f"This passage is about {t}, number {i}."] * 3 for i, t in enumerate(TOPICS)]
+    serial = [r.search(b, 2) for b in batches]
+    with ThreadPoolExecutor(4) as pool:
+        parallel = list(pool.map(lambda b: r.search(b, 2), batches * 3))
+    assert parallel == serial * 3
+    assert [s[0][0]["id"] for s in serial] == [f"doc{i}" for i in range(len(TOPICS))]
+
+
+def test_faiss_threads_apply_in_the_thread_that_searches(tmp_path: Path, corpus_file: Path, encoder: Encoder) -> None:
+    import subprocess
+    import sys
+
+    out = tmp_path / "idx"
+    build_index(corpus_file, out, max_seq_length=64, progress=False, model=encoder)
+    # A fresh process with FAISS loaded before torch (the server's order), so FAISS has its own OpenMP runtime:
+    # its thread count is per thread, and set only where the index was loaded a worker would use every core.
+    code = f"""
+import threading, faiss
+from rag.retriever import Retriever
+r = Retriever.load({str(out)!r}, threads=1)
+seen = []
+def search():
+    r.search(["honey bees"], 1)
+    seen.append(faiss.omp_get_max_threads())
+worker = threading.Thread(target=search)
+worker.start()
+worker.join()
+print("threads in the worker:", seen[0])
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "OMP_NUM_THREADS": "", "TOKENIZERS_PARALLELISM": "false"})
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "threads in the worker: 1" in run.stdout
