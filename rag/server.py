@@ -337,9 +337,6 @@ def create_app(retriever: RetrieverLike, settings: ServerSettings | None = None)
         yield
         await batcher.drain(settings.drain_timeout)
         batcher.close()
-        close = getattr(retriever, "close", None)
-        if close is not None:
-            close()
 
     app = FastAPI(title="rllm retrieval service", version="1.0", lifespan=lifespan,
                   description="Dense passage retrieval (FAISS + sentence-transformers) with automatic batching.")
@@ -466,9 +463,6 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--workers", type=int, default=None,
                    help="batches computed side by side, each on its own thread with its share of the CPU threads "
                         "(default: 2 on a CPU with 2+ cores, 1 on a GPU)")
-    g.add_argument("--compute", choices=["auto", "processes", "threads"], default="auto",
-                   help="where the workers search: child processes (off the server's GIL; the index file "
-                        "memory-mapped and shared) or threads of the server; auto: processes on CPU with 2+ workers")
     g.add_argument("--switch-interval-ms", type=float, default=_SWITCH_INTERVAL_MS,
                    help="Python's GIL switch interval: how long the compute thread may wait for the GIL while "
                         "the event loop holds it, at every torch op boundary (Python's default is 5)")
@@ -497,28 +491,10 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _use_processes(args: argparse.Namespace) -> bool:
-    """Search in child processes: asked for, or by default on a CPU index with two or more workers."""
-    if args.compute != "auto":
-        return args.compute == "processes"
-    from rag.retriever import default_workers
-
-    on_cpu = args.device == "cpu" or (args.device == "auto" and not _cuda_available())
-    return on_cpu and args.threads is None and (args.workers or default_workers("cpu")) > 1
-
-
-def _cuda_available() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return bool(torch.cuda.is_available())
-
-
 def main(argv: list[str] | None = None) -> None:
     """Load the index named on the command line and serve it until SIGINT/SIGTERM."""
     from rag.index import IndexOptions
-    from rag.retriever import Retriever, default_workers
+    from rag.retriever import Retriever
 
     args = _parser().parse_args(argv)
     limits = HttpLimits(header_timeout=args.header_timeout, max_header_bytes=args.max_header_bytes,
@@ -535,16 +511,9 @@ def main(argv: list[str] | None = None) -> None:
                            shard=not args.replicate, fp16=not args.no_fp16, temp_memory_mb=args.temp_memory_mb,
                            nprobe=args.nprobe, ef_search=args.ef_search, threads=args.threads,
                            search_backend=args.search_backend, torch_chunk_mb=args.torch_chunk_mb)
-    query_batch_size = "auto" if args.query_batch_size is None else args.query_batch_size or None
-    retriever: RetrieverLike
-    if _use_processes(args):
-        from rag.workers import ProcessRetriever
-
-        retriever = ProcessRetriever.start(args.index_dir, options, workers=args.workers or default_workers("cpu"),
-                                           query_batch_size=query_batch_size)
-    else:
-        retriever = Retriever.load(args.index_dir, options, threads=args.threads, mmap_index=args.mmap_index,
-                                   query_batch_size=query_batch_size, workers=args.workers or "auto")
+    retriever = Retriever.load(args.index_dir, options, threads=args.threads, mmap_index=args.mmap_index,
+                               query_batch_size="auto" if args.query_batch_size is None else args.query_batch_size or None,
+                               workers=args.workers or "auto")
     retriever.search(["warm-up query"], 1)
     token = args.token or token_from_env()
     settings = ServerSettings(token=token, drain_timeout=args.drain_timeout, body_timeout=args.body_timeout, **{

@@ -87,10 +87,6 @@ class ServerStartError(RLLMError):
         self.returncode = returncode
 
 
-class SearchWorkerError(RLLMError, RuntimeError):
-    """A retrieval search worker process failed to start, failed a batch, or exited."""
-
-
 class SystemicFailureError(RLLMError):
     """The same non-infrastructure error ended ``count`` rollouts: a bug or a misconfiguration.
 
