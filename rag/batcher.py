@@ -134,7 +134,11 @@ class Batcher:
         self._cache = _LRU(cache_passages)
         self._pending: deque[_Item] = deque()
         self._inflight: dict[tuple[str, int], _Item] = {}
-        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rag-compute")
+        # One thread per worker, the lowest free one first: a lone query always runs on worker 0, so one OpenMP
+        # team does the work instead of two taking turns (an idle team spins and steals the other's cores).
+        self._executors = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"rag-compute-{i}")
+                           for i in range(workers)]
+        self._free_workers = list(range(workers))
         self._tasks: set[asyncio.Task[None]] = set()
         self._busy = 0
         self._computing = 0
@@ -216,19 +220,21 @@ class Batcher:
             if self._busy and len(self._pending) < self.parallel_min_batch:
                 break  # a small batch waits for the running one rather than halve its threads
             batch = [self._pending.popleft() for _ in range(min(self.max_batch_size, len(self._pending)))]
+            worker = min(self._free_workers)
+            self._free_workers.remove(worker)
             self._busy += 1
             self._computing += len(batch)
             if self._idle is not None:
                 self._idle.clear()
-            task = loop.create_task(self._run(batch))
+            task = loop.create_task(self._run(batch, worker))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _run(self, batch: list[_Item]) -> None:
+    async def _run(self, batch: list[_Item], worker: int) -> None:
         start = time.perf_counter()
         try:
             results = await asyncio.get_running_loop().run_in_executor(
-                self._executor, self._compute_answers, [i.query for i in batch], [i.top_k for i in batch])
+                self._executors[worker], self._compute_answers, [i.query for i in batch], [i.top_k for i in batch])
         except BaseException as error:  # noqa: BLE001 - every waiter must hear about it, then cancellation goes on
             self.stats.failed_batches += 1
             if not isinstance(error, asyncio.CancelledError):
@@ -252,6 +258,7 @@ class Batcher:
                 item.resolve(answer)
         finally:
             self._busy -= 1
+            self._free_workers.append(worker)
             self._computing -= len(batch)
             self._dispatch()
             if self._busy == 0 and self._idle is not None:
@@ -270,4 +277,5 @@ class Batcher:
 
     def close(self) -> None:
         """Stop the worker thread (after ``drain``)."""
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        for executor in self._executors:
+            executor.shutdown(wait=False, cancel_futures=True)

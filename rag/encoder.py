@@ -102,7 +102,7 @@ class Encoder:
         if replicas < 1:
             raise ValueError(f"replicas must be at least 1, got {replicas}")
         self.replicas = replicas
-        self._free: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._free: queue.LifoQueue[Any] = queue.LifoQueue()  # the last used replica first: its caches are warm
         self._free.put(self._model)
         for _ in range(replicas - 1):
             self._free.put(_share_weights_copy(self._model))
