@@ -182,3 +182,21 @@ async def test_second_worker_starts_a_batch_beside_a_running_one_only_when_enoug
     assert batcher.stats.batches == 2 and batcher.computing == 0
     await batcher.drain(1)
     batcher.close()
+
+
+async def test_lone_queries_run_on_the_first_worker_even_after_both_worked() -> None:
+    threads: list[str] = []
+
+    def compute(queries: list[str], top_k: int) -> list[list[dict]]:
+        threads.append(threading.current_thread().name)
+        time.sleep(0.02)
+        return [[{"id": q, "title": "", "contents": q, "score": 1.0}] for q in queries]
+
+    batcher = Batcher(compute, workers=2, parallel_min_batch=1)
+    await asyncio.gather(*(batcher.retrieve([f"p{i}"], 1) for i in range(6)))
+    assert len(set(threads)) == 2  # both workers ran
+    threads.clear()
+    for i in range(6):  # one at a time: always the same worker, one OpenMP team
+        await batcher.retrieve([f"lone{i}"], 1)
+    assert threads == ["rag-compute-0_0"] * 6
+    batcher.close()
