@@ -456,8 +456,9 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--nprobe", type=int, default=None, help="IVF lists probed per query")
     g.add_argument("--ef-search", type=int, default=None, help="HNSW search breadth")
     g.add_argument("--mmap-index", action="store_true", help="memory-map a CPU index file instead of reading it")
-    g.add_argument("--threads", type=int, default=None, help="CPU threads for the encoder and FAISS, per worker (default: all of them for a search "
-                   "running alone, split between searches running side by side)")
+    g.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for the encoder and FAISS, per worker (default: all of them for a search "
+                        "running alone, split between searches running side by side)")
     g.add_argument("--query-batch-size", type=int, default=None,
                    help="queries per encoder forward, sorted by length so each forward pads little (default: "
                         "32 on CPU, the whole batch on a GPU; 0: the whole batch)")
