@@ -143,7 +143,7 @@ class Encoder:
         return np.ascontiguousarray(vectors, dtype=np.float32)
 
     def encode_queries(self, queries: list[str]) -> np.ndarray:
-        """``(len(queries), dim)`` float32 query embeddings, in forwards of ``query_batch_size`` similar-length queries."""
+        """``(len(queries), dim)`` float32 embeddings, in forwards of ``query_batch_size`` queries of like length."""
         return self._encode([self.query_prefix + q for q in queries],
                             batch_size=min(len(queries), self.query_batch_size or len(queries)))
 

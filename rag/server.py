@@ -513,8 +513,9 @@ def main(argv: list[str] | None = None) -> None:
                            shard=not args.replicate, fp16=not args.no_fp16, temp_memory_mb=args.temp_memory_mb,
                            nprobe=args.nprobe, ef_search=args.ef_search, threads=args.threads,
                            search_backend=args.search_backend, torch_chunk_mb=args.torch_chunk_mb)
+    query_batch_size = "auto" if args.query_batch_size is None else args.query_batch_size or None
     retriever = Retriever.load(args.index_dir, options, threads=args.threads, mmap_index=args.mmap_index,
-                               query_batch_size="auto" if args.query_batch_size is None else args.query_batch_size or None,
+                               query_batch_size=query_batch_size,
                                workers=args.workers or "auto")
     retriever.search(["warm-up query"], 1)
     token = args.token or token_from_env()
