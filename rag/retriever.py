@@ -19,6 +19,7 @@ from rag.manifest import Manifest
 
 logger = logging.getLogger(__name__)
 
+
 def available_cpus() -> int:
     """CPUs this process may run on."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -119,8 +120,8 @@ class Retriever:
         if not queries:
             return []
         scores, ids = self.encode_and_search(queries, top_k)
-        return [[{**self.corpus[int(i)], "score": float(s)} for s, i in zip(row_s, row_i) if i >= 0]
-                for row_s, row_i in zip(scores, ids)]
+        return [[{**self.corpus[int(i)], "score": float(s)} for s, i in zip(row_s, row_i, strict=True) if i >= 0]
+                for row_s, row_i in zip(scores, ids, strict=True)]
 
     def encode_and_search(self, queries: list[str], top_k: int) -> tuple[np.ndarray, np.ndarray]:
         """``(scores, ids)`` of the top-``top_k`` passages per query, without reading the corpus."""
