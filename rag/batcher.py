@@ -11,6 +11,8 @@ the worker thread, and kept as bytes beside the list, so a cache hit or a joined
 the event loop no serialisation at all.
 """
 
+from __future__ import annotations
+
 import asyncio
 import logging
 import time
@@ -140,10 +142,13 @@ class Batcher:
                            for i in range(workers)]
         self._free_workers = list(range(workers))
         self._tasks: set[asyncio.Task[None]] = set()
-        self._busy = 0
         self._computing = 0
-        self._idle: asyncio.Event | None = None
         self.stats = BatcherStats()
+
+    @property
+    def _busy(self) -> int:
+        """Workers computing a batch now."""
+        return self.workers - len(self._free_workers)
 
     @property
     def queue_depth(self) -> int:
@@ -216,16 +221,13 @@ class Batcher:
     def _dispatch(self) -> None:
         """Start a batch on every free worker while queries wait."""
         loop = asyncio.get_running_loop()
-        while self._pending and self._busy < self.workers:
+        while self._pending and self._free_workers:
             if self._busy and len(self._pending) < self.parallel_min_batch:
                 break  # a small batch waits for the running one rather than halve its threads
             batch = [self._pending.popleft() for _ in range(min(self.max_batch_size, len(self._pending)))]
             worker = min(self._free_workers)
             self._free_workers.remove(worker)
-            self._busy += 1
             self._computing += len(batch)
-            if self._idle is not None:
-                self._idle.clear()
             task = loop.create_task(self._run(batch, worker))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -257,25 +259,23 @@ class Batcher:
                 self._inflight.pop(key, None)
                 item.resolve(answer)
         finally:
-            self._busy -= 1
             self._free_workers.append(worker)
             self._computing -= len(batch)
             self._dispatch()
-            if self._busy == 0 and self._idle is not None:
-                self._idle.set()
 
     async def drain(self, timeout: float | None = None) -> None:
         """Wait until queued and computing queries are answered (shutdown finishes work in flight)."""
-        if self._busy == 0:
-            return
-        self._idle = self._idle or asyncio.Event()
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-        except asyncio.TimeoutError:
-            logger.warning("retrieval queue did not drain in %.0f s; %d queries dropped", timeout or 0,
-                           len(self._pending) + self._computing)
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while self._tasks:  # a finishing batch starts the next one, so look again until none runs
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                logger.warning("retrieval queue did not drain in %.0f s; %d queries dropped", timeout or 0,
+                               len(self._pending) + self._computing)
+                return
+            await asyncio.wait(set(self._tasks), timeout=left)
 
     def close(self) -> None:
-        """Stop the worker thread (after ``drain``)."""
+        """Stop the worker threads (after ``drain``)."""
         for executor in self._executors:
             executor.shutdown(wait=False, cancel_futures=True)

@@ -200,3 +200,18 @@ async def test_lone_queries_run_on_the_first_worker_even_after_both_worked() -> 
         await batcher.retrieve([f"lone{i}"], 1)
     assert threads == ["rag-compute-0_0"] * 6
     batcher.close()
+
+
+async def test_drain_waits_for_the_running_and_the_queued_batches_within_its_timeout() -> None:
+    compute = GatedCompute(hold_first=True)
+    batcher = Batcher(compute, max_batch_size=2)
+    calls = [asyncio.ensure_future(batcher.retrieve([f"q{i}"], 1)) for i in range(5)]
+    await _until(compute.entered.is_set)
+    start = time.monotonic()
+    await batcher.drain(0.2)  # held: it gives up after its timeout, with the work still there
+    assert 0.15 < time.monotonic() - start < 2 and batcher.queue_depth == 4
+    compute.gate.set()
+    await batcher.drain(5)  # the batch running, then the two that were queued behind it
+    assert all(c.done() for c in calls) and batcher.queue_depth == 0 and batcher.computing == 0
+    assert [b[0] for b in compute.batches] == [["q0"], ["q1", "q2"], ["q3", "q4"]]
+    batcher.close()
