@@ -86,15 +86,11 @@ class SearchIndex:
         self.threads = threads
         self._thread_state = threading.local()
 
-    def set_threads(self, threads: int | None) -> None:
-        """FAISS's OpenMP threads per search, applied in each searching thread on its next search."""
-        self.threads = threads
-
-    def _apply_threads(self) -> None:
-        # omp_set_num_threads only affects the calling thread: a worker thread would otherwise use every core.
-        if self.threads and getattr(self._thread_state, "threads", None) != self.threads:
-            _faiss().omp_set_num_threads(self.threads)
-            self._thread_state.threads = self.threads
+    def set_threads(self, threads: int) -> None:
+        """FAISS's OpenMP threads for the searches the calling thread makes (OpenMP's count is per thread)."""
+        if getattr(self._thread_state, "threads", None) != threads:
+            _faiss().omp_set_num_threads(threads)
+            self._thread_state.threads = threads
 
     @property
     def ntotal(self) -> int:
@@ -104,7 +100,8 @@ class SearchIndex:
     def search(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top-``k`` ``(scores, ids)`` per row of ``vectors``; ids are -1 where fewer exist."""
         k = max(1, min(k, self.ntotal)) if self.ntotal else 1
-        self._apply_threads()
+        if self.threads and not hasattr(self._thread_state, "threads"):
+            self.set_threads(self.threads)  # a worker thread would otherwise use every core
         return self._index.search(np.ascontiguousarray(vectors, dtype=np.float32), k)
 
     def describe(self) -> dict[str, Any]:
