@@ -7,13 +7,16 @@ when that is installed, so the demo index builds and serves with no network.
 from __future__ import annotations
 
 import copy
+import inspect
 import itertools
 import logging
 import queue
+import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from rag.manifest import Manifest
 from rllm.errors import ModelUnreachableError
@@ -52,6 +55,71 @@ def _share_weights_copy(model: Any) -> Any:
     return copy.deepcopy(model, memo=shared)
 
 
+# Texts that check a traced forward against the eager one: one alone (no padding), a padded batch, and one
+# longer than any text of the trace, so a shape the trace baked in would show as a difference.
+_TRACE_TEXTS = ["who wrote it?", "a somewhat longer probe text, padded against the short one beside it"]
+_CHECK_BATCHES = [["where was the author of the novel born and which school did she attend?"],
+                  ["when?", "which river flows through the capital city of the country that won in 1998?", "why"],
+                  [" ".join(["the band released its second album in the spring before the tour"] * 6)]]
+_TRACE_ATOL = 1e-5
+
+
+class _TracedModel(torch.nn.Module):
+    """Stands in for a sentence-transformers ``Transformer``'s model: its forward as a TorchScript trace.
+
+    An eager forward takes the GIL back at every op boundary (about a hundred per MiniLM forward), so
+    while the server's event loop holds the GIL the compute threads stall and cores go idle. A trace
+    runs the whole forward in C++ and holds the GIL only to enter and leave.
+    """
+
+    def __init__(self, traced: Any, eager: Any, input_names: list[str]) -> None:
+        super().__init__()
+        self.traced = traced
+        self.config = eager.config
+        self.input_names = input_names
+        self.__dict__["eager"] = eager  # not a submodule: its weights are the trace's
+
+    def forward(self, **features: Any) -> Any:
+        return self.traced(**{name: features[name] for name in self.input_names})
+
+
+def _trace(model: Any) -> str | None:
+    """Replace ``model``'s transformer forward with a checked TorchScript trace; the reason where it was not."""
+    first = model[0]
+    inner = getattr(first, "model", None)
+    if not isinstance(inner, torch.nn.Module) or getattr(first, "tokenizer", None) is None:
+        return "its first module is not a text transformer"
+    accepted = set(inspect.signature(inner.forward).parameters)
+    device = next(inner.parameters()).device
+    features = (model.preprocess if hasattr(model, "preprocess") else model.tokenize)(_TRACE_TEXTS)
+    inputs = {k: v.to(device) for k, v in features.items() if k in accepted and isinstance(v, torch.Tensor)}
+
+    def encode_checks() -> list[np.ndarray]:
+        with torch.inference_mode():
+            return [model.encode(texts, batch_size=len(texts), convert_to_numpy=True, show_progress_bar=False)
+                    for texts in _CHECK_BATCHES]
+
+    expected = encode_checks()
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch.jit's deprecation and tracer warnings: the check below decides
+            traced = torch.jit.trace(inner, example_kwarg_inputs=inputs, strict=False)
+    except Exception as error:  # noqa: BLE001 - any model torch cannot trace stays eager
+        return f"tracing failed: {type(error).__name__}: {error}"
+    first.model = _TracedModel(traced, inner, list(inputs))
+    try:
+        got = encode_checks()
+        worst = max(float(np.abs(g - e).max()) for g, e in zip(got, expected, strict=True))
+    except Exception as error:  # noqa: BLE001
+        worst, why = float("inf"), f"the trace failed on a check batch: {type(error).__name__}: {error}"
+    else:
+        why = f"the trace differs from the eager forward by {worst:.2e}"
+    if worst > _TRACE_ATOL:
+        first.model = inner
+        return why
+    return None
+
+
 class Encoder:
     """Embeds queries and passages with one sentence-transformers model.
 
@@ -67,13 +135,16 @@ class Encoder:
         replicas: Threads that may encode at once. Each gets its own copy of the model's modules and
             tokenizer (a fast tokenizer is not safe to share between threads), all sharing one set
             of weights; a call waits while every replica is busy.
+        traced: Whether the transformer's forward runs as a TorchScript trace (``trace`` argument:
+            None traces on CPU, where it frees the GIL for the server's event loop; True anywhere;
+            False never). A trace is used only if it gives the eager forward's embeddings on check
+            batches of other shapes; otherwise the model stays eager and the reason is logged.
     """
 
     def __init__(self, name: str, *, query_prefix: str = "", passage_prefix: str = "", normalize: bool = True,
                  device: str | None = None, max_seq_length: int | None = None, fp16: bool = False,
                  threads: int | None = None, base_dir: str | Path | None = None,
-                 query_batch_size: int | None = None, replicas: int = 1) -> None:
-        import torch
+                 query_batch_size: int | None = None, replicas: int = 1, trace: bool | None = None) -> None:
         from sentence_transformers import SentenceTransformer
 
         if threads:
@@ -88,7 +159,6 @@ class Encoder:
         if query_batch_size is not None and query_batch_size < 1:
             raise ValueError(f"query_batch_size must be at least 1, got {query_batch_size}")
         self.query_batch_size = query_batch_size
-        self._torch = torch
         try:
             self._model = SentenceTransformer(resolve_encoder(name, base_dir), device=device)
         except OSError as error:  # offline and not cached, or a path that is not a model
@@ -102,23 +172,34 @@ class Encoder:
         if replicas < 1:
             raise ValueError(f"replicas must be at least 1, got {replicas}")
         self.replicas = replicas
+        models = [self._model] + [_share_weights_copy(self._model) for _ in range(replicas - 1)]
+        self.traced = False
+        if trace or (trace is None and device == "cpu"):
+            why_not = next((why for why in map(_trace, models) if why is not None), None)
+            if why_not is None:
+                self.traced = True
+            else:
+                for model in models:  # all eager: replicas behave alike
+                    if isinstance(model[0].model, _TracedModel):
+                        model[0].model = model[0].model.eager
+                logger.warning("encoder %s runs eager (its forward holds the GIL between ops): %s", name, why_not)
         self._free: queue.LifoQueue[Any] = queue.LifoQueue()  # the last used replica first: its caches are warm
-        self._free.put(self._model)
-        for _ in range(replicas - 1):
-            self._free.put(_share_weights_copy(self._model))
+        for model in models:
+            self._free.put(model)
 
     @classmethod
     def from_manifest(cls, manifest: Manifest, index_dir: str | Path | None = None, *, device: str | None = None,
                       fp16: bool = False, threads: int | None = None, query_batch_size: int | None = None,
-                      replicas: int = 1) -> Encoder:
+                      replicas: int = 1, trace: bool | None = None) -> Encoder:
         """The encoder an index was built with."""
         return cls(manifest.encoder, query_prefix=manifest.query_prefix, passage_prefix=manifest.passage_prefix,
                    normalize=manifest.normalize, device=device, max_seq_length=manifest.max_seq_length, fp16=fp16,
-                   threads=threads, base_dir=index_dir, query_batch_size=query_batch_size, replicas=replicas)
+                   threads=threads, base_dir=index_dir, query_batch_size=query_batch_size, replicas=replicas,
+                   trace=trace)
 
     def set_threads(self, threads: int) -> None:
         """CPU threads for this thread's next forwards (torch's count is per calling thread once it ran an op)."""
-        self._torch.set_num_threads(threads)
+        torch.set_num_threads(threads)
 
     @property
     def dim(self) -> int:
@@ -135,7 +216,7 @@ class Encoder:
         # One call per replica at a time (its tokenizer is not thread-safe); with one replica calls take turns.
         model = self._free.get()
         try:
-            with self._torch.inference_mode():
+            with torch.inference_mode():
                 vectors = model.encode(texts, batch_size=max(1, batch_size), normalize_embeddings=self.normalize,
                                        convert_to_numpy=True, show_progress_bar=False)
         finally:

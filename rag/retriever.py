@@ -84,14 +84,15 @@ class Retriever:
     def load(cls, index_dir: str | Path, options: IndexOptions | None = None, *, device: str | None = None,
              threads: int | None = None, mmap_index: bool = False,
              query_batch_size: int | None | Literal["auto"] = "auto",
-             workers: int | Literal["auto"] = 1) -> Retriever:
+             workers: int | Literal["auto"] = 1, trace_encoder: bool | None = None) -> Retriever:
         """Open an index directory written by ``rag.build_index`` or ``scripts/download_search_data.py``.
 
         ``query_batch_size`` is the encoder's (see ``Encoder``); ``"auto"`` takes
         ``CPU_QUERY_BATCH_SIZE`` on CPU and one forward per batch on a GPU. ``workers`` is how many
         threads may search at once (encoder replicas sharing one set of weights); ``"auto"`` takes
         ``default_workers``. With more than one on CPU and no ``threads``, each search takes its share
-        of the CPU threads: all of them alone, half with another running.
+        of the CPU threads: all of them alone, half with another running. ``trace_encoder`` is the
+        encoder's ``trace`` (None: a TorchScript forward on CPU, eager on a GPU).
         """
         index_dir = Path(index_dir)
         manifest = Manifest.load(index_dir)
@@ -107,12 +108,12 @@ class Retriever:
         if query_batch_size == "auto":
             query_batch_size = CPU_QUERY_BATCH_SIZE if encoder_device == "cpu" else None
         encoder = Encoder.from_manifest(manifest, index_dir, device=encoder_device, fp16=options.fp16, threads=threads,
-                                        query_batch_size=query_batch_size, replicas=workers)
+                                        query_batch_size=query_batch_size, replicas=workers, trace=trace_encoder)
         if encoder.dim != manifest.dim:
             raise ValueError(f"encoder {manifest.encoder} gives {encoder.dim}-d vectors; the index has {manifest.dim}")
-        logger.info("loaded %d passages from %s (encoder %s on %s, %s queries per forward, %d worker(s), index %s)",
-                    len(corpus), index_dir, manifest.encoder, encoder.device, query_batch_size or "all", workers,
-                    index.describe())
+        logger.info("loaded %d passages from %s (encoder %s on %s, %s, %s queries per forward, %d worker(s), "
+                    "index %s)", len(corpus), index_dir, manifest.encoder, encoder.device,
+                    "traced" if encoder.traced else "eager", query_batch_size or "all", workers, index.describe())
         return cls(encoder, index, corpus, manifest, split_threads=not threads)
 
     def search(self, queries: list[str], top_k: int) -> list[list[dict[str, Any]]]:
@@ -136,6 +137,6 @@ class Retriever:
             "index": self.index.describe(),
             "encoder": {"name": m.encoder, "device": self.encoder.device, "dim": m.dim, "normalize": m.normalize,
                         "query_prefix": m.query_prefix, "max_seq_length": self.encoder.max_seq_length,
-                        "query_batch_size": self.encoder.query_batch_size},
+                        "query_batch_size": self.encoder.query_batch_size, "traced": self.encoder.traced},
             "workers": self.workers,
         }

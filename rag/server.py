@@ -465,6 +465,9 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--workers", type=int, default=None,
                    help="batches computed side by side, each on its own thread with its share of the CPU threads "
                         "(default: 2 on a CPU with 2+ cores, 1 on a GPU)")
+    g.add_argument("--trace-encoder", action=argparse.BooleanOptionalAction, default=None,
+                   help="run the encoder's forward as a TorchScript trace, checked against the eager one at load "
+                        "(default: on CPU, where it frees the GIL for the event loop; eager on a GPU)")
     g.add_argument("--switch-interval-ms", type=float, default=_SWITCH_INTERVAL_MS,
                    help="Python's GIL switch interval: how long the compute thread may wait for the GIL while "
                         "the event loop holds it, at every torch op boundary (Python's default is 5)")
@@ -516,7 +519,7 @@ def main(argv: list[str] | None = None) -> None:
     query_batch_size = "auto" if args.query_batch_size is None else args.query_batch_size or None
     retriever = Retriever.load(args.index_dir, options, threads=args.threads, mmap_index=args.mmap_index,
                                query_batch_size=query_batch_size,
-                               workers=args.workers or "auto")
+                               workers=args.workers or "auto", trace_encoder=args.trace_encoder)
     retriever.search(["warm-up query"], 1)
     token = args.token or token_from_env()
     settings = ServerSettings(token=token, drain_timeout=args.drain_timeout, body_timeout=args.body_timeout, **{

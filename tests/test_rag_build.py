@@ -84,6 +84,50 @@ def test_sub_batched_query_encoding_gives_the_vectors_of_one_forward(encoder: En
         Encoder(MINILM, query_batch_size=0)
 
 
+def test_traced_encoder_gives_the_eager_vectors_at_shapes_it_was_not_traced_with(encoder: Encoder) -> None:
+    eager = Encoder(MINILM, max_seq_length=64, trace=False)
+    assert encoder.traced and not eager.traced  # CPU default: traced
+    long = " ".join(TOPICS)  # past max_seq_length: truncated at 64 tokens
+    for queries in (["x"], TOPICS[:5], [long, "y", TOPICS[3]], [f"{t} {i}" for i, t in enumerate(TOPICS * 5)]):
+        np.testing.assert_allclose(encoder.encode_queries(queries), eager.encode_queries(queries), atol=1e-6)
+    passages = [f"This passage is about {t}." * (1 + i % 4) for i, t in enumerate(TOPICS)]
+    np.testing.assert_allclose(encoder.encode_passages(passages, batch_size=5), eager.encode_passages(passages),
+                               atol=1e-6)
+
+
+def test_a_trace_that_fails_or_differs_leaves_the_encoder_eager(monkeypatch: pytest.MonkeyPatch,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    import torch
+
+    real_trace = torch.jit.trace
+
+    def off_by_a_little(module, **kwargs):  # a trace that bakes in something wrong
+        traced = real_trace(module, **kwargs)
+
+        class Shifted(torch.nn.Module):
+            def forward(self, **inputs):
+                out = traced(**inputs)
+                return {"last_hidden_state": out["last_hidden_state"] + 1e-3}
+        return Shifted()
+
+    monkeypatch.setattr(torch.jit, "trace", off_by_a_little)
+    with caplog.at_level("WARNING", logger="rag.encoder"):
+        shifted = Encoder(MINILM, max_seq_length=64, replicas=2)
+    assert not shifted.traced
+    assert "runs eager" in caplog.text and "the trace differs from the eager forward by" in caplog.text
+    np.testing.assert_allclose(shifted.encode_queries(TOPICS), Encoder(MINILM, max_seq_length=64, trace=False)
+                               .encode_queries(TOPICS), atol=1e-6)
+
+    def cannot(module, **kwargs):
+        raise RuntimeError("unsupported op")
+
+    monkeypatch.setattr(torch.jit, "trace", cannot)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="rag.encoder"):
+        assert not Encoder(MINILM, max_seq_length=64).traced
+    assert "tracing failed: RuntimeError: unsupported op" in caplog.text
+
+
 @pytest.mark.parametrize("kind", ["flat", "ivf", "hnsw"])
 def test_built_index_finds_each_passage_by_its_text(tmp_path: Path, corpus_file: Path, encoder: Encoder,
                                                      kind: str) -> None:
