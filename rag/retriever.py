@@ -31,8 +31,10 @@ def default_workers(device: str) -> int:
     return min(2, available_cpus()) if device == "cpu" else 1
 
 
-# Queries per encoder forward on CPU: 32 was the fastest of 16/32/64/whole batch for MiniLM on 2 cores.
-CPU_QUERY_BATCH_SIZE = 32
+# Queries per encoder forward on CPU, MiniLM on 2 cores: with the traced encoder 16 beat 32 and 8 at
+# batches of 64 and 256 (in-process, 1.08-1.09x over 32); eager, 32 was the fastest of 16/32/64/whole batch.
+CPU_QUERY_BATCH_SIZE = 16
+CPU_QUERY_BATCH_SIZE_EAGER = 32
 
 
 class Retriever:
@@ -88,7 +90,8 @@ class Retriever:
         """Open an index directory written by ``rag.build_index`` or ``scripts/download_search_data.py``.
 
         ``query_batch_size`` is the encoder's (see ``Encoder``); ``"auto"`` takes
-        ``CPU_QUERY_BATCH_SIZE`` on CPU and one forward per batch on a GPU. ``workers`` is how many
+        ``CPU_QUERY_BATCH_SIZE`` on CPU (``CPU_QUERY_BATCH_SIZE_EAGER`` where the encoder runs
+        eager) and one forward per batch on a GPU. ``workers`` is how many
         threads may search at once (encoder replicas sharing one set of weights); ``"auto"`` takes
         ``default_workers``. With more than one on CPU and no ``threads``, each search takes its share
         of the CPU threads: all of them alone, half with another running. ``trace_encoder`` is the
@@ -105,15 +108,17 @@ class Retriever:
         encoder_device = device or ("cuda" if index.devices[0].startswith("cuda") else "cpu")
         if workers == "auto":
             workers = default_workers(encoder_device)
-        if query_batch_size == "auto":
-            query_batch_size = CPU_QUERY_BATCH_SIZE if encoder_device == "cpu" else None
         encoder = Encoder.from_manifest(manifest, index_dir, device=encoder_device, fp16=options.fp16, threads=threads,
-                                        query_batch_size=query_batch_size, replicas=workers, trace=trace_encoder)
+                                        query_batch_size=None if isinstance(query_batch_size, str) else query_batch_size,
+                                        replicas=workers, trace=trace_encoder)
+        if query_batch_size == "auto" and encoder.device == "cpu":
+            encoder.query_batch_size = CPU_QUERY_BATCH_SIZE if encoder.traced else CPU_QUERY_BATCH_SIZE_EAGER
         if encoder.dim != manifest.dim:
             raise ValueError(f"encoder {manifest.encoder} gives {encoder.dim}-d vectors; the index has {manifest.dim}")
         logger.info("loaded %d passages from %s (encoder %s on %s, %s, %s queries per forward, %d worker(s), "
                     "index %s)", len(corpus), index_dir, manifest.encoder, encoder.device,
-                    "traced" if encoder.traced else "eager", query_batch_size or "all", workers, index.describe())
+                    "traced" if encoder.traced else "eager", encoder.query_batch_size or "all", workers,
+                    index.describe())
         return cls(encoder, index, corpus, manifest, split_threads=not threads)
 
     def search(self, queries: list[str], top_k: int) -> list[list[dict[str, Any]]]:

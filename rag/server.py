@@ -461,7 +461,7 @@ def _parser() -> argparse.ArgumentParser:
                         "running alone, split between searches running side by side)")
     g.add_argument("--query-batch-size", type=int, default=None,
                    help="queries per encoder forward, sorted by length so each forward pads little (default: "
-                        "32 on CPU, the whole batch on a GPU; 0: the whole batch)")
+                        "16 on CPU, 32 with --no-trace-encoder, the whole batch on a GPU; 0: the whole batch)")
     g.add_argument("--workers", type=int, default=None,
                    help="batches computed side by side, each on its own thread with its share of the CPU threads "
                         "(default: 2 on a CPU with 2+ cores, 1 on a GPU)")

@@ -140,7 +140,8 @@ def test_built_index_finds_each_passage_by_its_text(tmp_path: Path, corpus_file:
     hits = r.search([f"This passage is about {TOPICS[5]}, number 5."], 3)[0]
     assert hits[0]["id"] == "doc5" and hits[0]["title"] == "Chocolate Cake Recipe"
     assert r.describe()["index"]["type"] == kind
-    assert r.describe()["encoder"]["query_batch_size"] == 32  # CPU default: length-sorted forwards of 32
+    assert r.describe()["encoder"]["query_batch_size"] == 16  # CPU default, traced: length-sorted forwards of 16
+    assert r.describe()["encoder"]["traced"]
 
 
 class _Flaky:
