@@ -7,11 +7,11 @@ when that is installed, so the demo index builds and serves with no network.
 from __future__ import annotations
 
 import copy
-import inspect
 import itertools
 import logging
 import queue
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -64,59 +64,104 @@ _CHECK_BATCHES = [["where was the author of the novel born and which school did 
 _TRACE_ATOL = 1e-5
 
 
-class _TracedModel(torch.nn.Module):
-    """Stands in for a sentence-transformers ``Transformer``'s model: its forward as a TorchScript trace.
+class _Pipeline(torch.nn.Module):
+    """A sentence-transformers model as one module from the tokenizer's tensors to the sentence embedding.
+
+    Its modules (transformer, pooling, any dense or normalise layers) run in order on the features
+    dict, as ``SentenceTransformer.forward`` runs them when ``encode`` passes no keyword arguments,
+    plus the L2 normalisation ``encode`` applies on request; this form is what gets traced. It holds
+    the modules, not the model object, whose deprecated properties would log as the tracer reads them.
+    """
+
+    def __init__(self, model: Any, input_names: list[str], normalize: bool) -> None:
+        super().__init__()
+        self.stages = torch.nn.ModuleList(model.children())
+        self.input_names = input_names
+        self.normalize = normalize
+
+    def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
+        features = dict(zip(self.input_names, tensors, strict=True))
+        for stage in self.stages:
+            features = stage(features)
+        embeddings = features["sentence_embedding"]
+        return torch.nn.functional.normalize(embeddings, p=2, dim=1) if self.normalize else embeddings
+
+
+@dataclass
+class _Replica:
+    """One copy of the model for one thread at a time, and its traced pipeline where it has one."""
+
+    model: Any
+    traced: Any = None
+    input_names: list[str] = field(default_factory=list)
+
+    def preprocess(self, texts: list[str]) -> dict[str, Any]:
+        """The model's own tokenisation (padding, truncation at its ``max_seq_length``)."""
+        return (self.model.preprocess if hasattr(self.model, "preprocess") else self.model.tokenize)(texts)
+
+
+def _encode_eager(replica: _Replica, texts: list[str], batch_size: int, normalize: bool) -> np.ndarray:
+    with torch.inference_mode():
+        return replica.model.encode(texts, batch_size=max(1, batch_size), normalize_embeddings=normalize,
+                                    convert_to_numpy=True, show_progress_bar=False)
+
+
+def _encode_traced(replica: _Replica, texts: list[str], batch_size: int) -> np.ndarray:
+    """``encode`` through the trace: texts sorted by length, forwards of ``batch_size``, rows put back in order.
+
+    It skips ``SentenceTransformer.encode``'s per-call and per-row Python (device lookup over every
+    parameter, ``eval()`` over every module, one tensor per row), which holds the GIL ~2 ms per call
+    and makes each compute thread queue for it behind the server's event loop.
+    """
+    device = next(replica.model.parameters()).device
+    on_cpu = device.type == "cpu"  # no .to()/.cpu(): each torch call gives up the GIL and must queue to get it back
+    order = np.argsort([-len(t) for t in texts], kind="stable")
+    out: np.ndarray | None = None
+    with torch.inference_mode():
+        for start in range(0, len(texts), max(1, batch_size)):
+            rows = order[start:start + max(1, batch_size)]
+            features = replica.preprocess([texts[i] for i in rows])
+            inputs = [features[name] if on_cpu else features[name].to(device) for name in replica.input_names]
+            embeddings = replica.traced(*inputs)
+            if out is None:
+                out = np.empty((len(texts), embeddings.shape[1]), dtype=np.float32)
+            out[rows] = embeddings.numpy() if on_cpu else embeddings.float().cpu().numpy()
+    return out if out is not None else np.empty((0, 0), dtype=np.float32)
+
+
+def _trace(replica: _Replica, normalize: bool) -> str | None:
+    """Give ``replica`` a checked TorchScript trace of its whole pipeline; the reason where it got none.
 
     An eager forward takes the GIL back at every op boundary (about a hundred per MiniLM forward), so
     while the server's event loop holds the GIL the compute threads stall and cores go idle. A trace
-    runs the whole forward in C++ and holds the GIL only to enter and leave.
+    runs the forward, pooling and normalisation in C++ and holds the GIL only to enter and leave.
     """
-
-    def __init__(self, traced: Any, eager: Any, input_names: list[str]) -> None:
-        super().__init__()
-        self.traced = traced
-        self.config = eager.config
-        self.input_names = input_names
-        self.__dict__["eager"] = eager  # not a submodule: its weights are the trace's
-
-    def forward(self, **features: Any) -> Any:
-        return self.traced(**{name: features[name] for name in self.input_names})
-
-
-def _trace(model: Any) -> str | None:
-    """Replace ``model``'s transformer forward with a checked TorchScript trace; the reason where it was not."""
+    model = replica.model
     first = model[0]
-    inner = getattr(first, "model", None)
-    if not isinstance(inner, torch.nn.Module) or getattr(first, "tokenizer", None) is None:
+    if not isinstance(getattr(first, "model", None), torch.nn.Module) or getattr(first, "tokenizer", None) is None:
         return "its first module is not a text transformer"
-    accepted = set(inspect.signature(inner.forward).parameters)
-    device = next(inner.parameters()).device
-    features = (model.preprocess if hasattr(model, "preprocess") else model.tokenize)(_TRACE_TEXTS)
-    inputs = {k: v.to(device) for k, v in features.items() if k in accepted and isinstance(v, torch.Tensor)}
-
-    def encode_checks() -> list[np.ndarray]:
-        with torch.inference_mode():
-            return [model.encode(texts, batch_size=len(texts), convert_to_numpy=True, show_progress_bar=False)
-                    for texts in _CHECK_BATCHES]
-
-    expected = encode_checks()
+    device = next(model.parameters()).device
+    features = replica.preprocess(_TRACE_TEXTS)
+    names = [k for k, v in features.items() if isinstance(v, torch.Tensor)]
+    expected = [_encode_eager(replica, texts, len(texts), normalize) for texts in _CHECK_BATCHES]
     try:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch.jit's deprecation and tracer warnings: the check below decides
-            traced = torch.jit.trace(inner, example_kwarg_inputs=inputs, strict=False)
+            traced = torch.jit.trace(_Pipeline(model, names, normalize),
+                                     example_inputs=tuple(features[k].to(device) for k in names), strict=False)
     except Exception as error:  # noqa: BLE001 - any model torch cannot trace stays eager
         return f"tracing failed: {type(error).__name__}: {error}"
-    first.model = _TracedModel(traced, inner, list(inputs))
+    candidate = _Replica(model, traced, names)
     try:
-        got = encode_checks()
+        got = [_encode_traced(candidate, texts, len(texts)) for texts in _CHECK_BATCHES]
         worst = max(float(np.abs(g - e).max()) for g, e in zip(got, expected, strict=True))
     except Exception as error:  # noqa: BLE001
         worst, why = float("inf"), f"the trace failed on a check batch: {type(error).__name__}: {error}"
     else:
         why = f"the trace differs from the eager forward by {worst:.2e}"
     if worst > _TRACE_ATOL:
-        first.model = inner
         return why
+    replica.traced, replica.input_names = traced, names
     return None
 
 
@@ -135,10 +180,11 @@ class Encoder:
         replicas: Threads that may encode at once. Each gets its own copy of the model's modules and
             tokenizer (a fast tokenizer is not safe to share between threads), all sharing one set
             of weights; a call waits while every replica is busy.
-        traced: Whether the transformer's forward runs as a TorchScript trace (``trace`` argument:
-            None traces on CPU, where it frees the GIL for the server's event loop; True anywhere;
-            False never). A trace is used only if it gives the eager forward's embeddings on check
-            batches of other shapes; otherwise the model stays eager and the reason is logged.
+        traced: Whether the model runs as a TorchScript trace of its whole pipeline, forward to
+            normalised embedding (``trace`` argument: None traces on CPU, where it frees the GIL for
+            the server's event loop; True anywhere; False never). A trace is used only if it gives
+            ``SentenceTransformer.encode``'s embeddings on check batches of other shapes; otherwise
+            the model stays eager and the reason is logged.
     """
 
     def __init__(self, name: str, *, query_prefix: str = "", passage_prefix: str = "", normalize: bool = True,
@@ -172,20 +218,19 @@ class Encoder:
         if replicas < 1:
             raise ValueError(f"replicas must be at least 1, got {replicas}")
         self.replicas = replicas
-        models = [self._model] + [_share_weights_copy(self._model) for _ in range(replicas - 1)]
+        copies = [_Replica(self._model)] + [_Replica(_share_weights_copy(self._model)) for _ in range(replicas - 1)]
         self.traced = False
         if trace or (trace is None and device == "cpu"):
-            why_not = next((why for why in map(_trace, models) if why is not None), None)
+            why_not = next((why for why in (_trace(r, normalize) for r in copies) if why is not None), None)
             if why_not is None:
                 self.traced = True
             else:
-                for model in models:  # all eager: replicas behave alike
-                    if isinstance(model[0].model, _TracedModel):
-                        model[0].model = model[0].model.eager
+                for replica in copies:  # all eager: replicas behave alike
+                    replica.traced = None
                 logger.warning("encoder %s runs eager (its forward holds the GIL between ops): %s", name, why_not)
-        self._free: queue.LifoQueue[Any] = queue.LifoQueue()  # the last used replica first: its caches are warm
-        for model in models:
-            self._free.put(model)
+        self._free: queue.LifoQueue[_Replica] = queue.LifoQueue()  # the last used replica first: its caches are warm
+        for replica in copies:
+            self._free.put(replica)
 
     @classmethod
     def from_manifest(cls, manifest: Manifest, index_dir: str | Path | None = None, *, device: str | None = None,
@@ -214,13 +259,16 @@ class Encoder:
 
     def _encode(self, texts: list[str], batch_size: int) -> np.ndarray:
         # One call per replica at a time (its tokenizer is not thread-safe); with one replica calls take turns.
-        model = self._free.get()
+        if not texts:
+            return np.empty((0, self.dim), dtype=np.float32)
+        replica = self._free.get()
         try:
-            with torch.inference_mode():
-                vectors = model.encode(texts, batch_size=max(1, batch_size), normalize_embeddings=self.normalize,
-                                       convert_to_numpy=True, show_progress_bar=False)
+            if replica.traced is not None:
+                vectors = _encode_traced(replica, texts, batch_size)
+            else:
+                vectors = _encode_eager(replica, texts, batch_size, self.normalize)
         finally:
-            self._free.put(model)
+            self._free.put(replica)
         return np.ascontiguousarray(vectors, dtype=np.float32)
 
     def encode_queries(self, queries: list[str]) -> np.ndarray:
