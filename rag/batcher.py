@@ -2,7 +2,8 @@
 
 An idle batcher sends a lone query to a worker thread at once. While batches compute, new
 queries wait in the queue and leave together as the next batch (up to ``max_batch_size``) when a
-worker frees up, so batches grow with load instead of with a timer. ``workers`` threads compute
+worker frees up, so batches grow with load instead of with a timer. A worker that finishes takes
+the next batch itself and hands its answers to the event loop, so it never waits for the loop. ``workers`` threads compute
 batches side by side (on CPU two single-threaded forwards beat one two-threaded forward, and do
 not stall each other when the event loop takes a core); the event loop keeps accepting requests
 meanwhile. A query already queued or computing is joined, not recomputed, and finished answers
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
@@ -141,6 +143,7 @@ class Batcher:
         self._executors = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"rag-compute-{i}")
                            for i in range(workers)]
         self._free_workers = list(range(workers))
+        self._lock = threading.Lock()  # the queue, the free workers and the counts: the loop and the workers take work
         self._tasks: set[asyncio.Task[None]] = set()
         self._computing = 0
         self.stats = BatcherStats()
@@ -204,9 +207,10 @@ class Batcher:
                 future = loop.create_future()
                 entry.waiters.append(future)
                 waits.append(future)
-        for key, item in new.items():
-            self._inflight[key] = item
-            self._pending.append(item)
+        with self._lock:
+            for key, item in new.items():
+                self._inflight[key] = item
+                self._pending.append(item)
         if new:
             self._dispatch()
         return [w if isinstance(w, Answer) else await w for w in waits]
@@ -218,50 +222,88 @@ class Batcher:
             raise RuntimeError(f"retriever returned {len(results)} answers for {len(queries)} queries")
         return [Answer(r[:k], _to_json(r[:k])) for r, k in zip(results, top_ks, strict=True)]
 
+    def _take_locked(self, worker: int | None = None) -> tuple[int, list[_Item]] | None:
+        """Under ``_lock``: the next batch and its worker, or None.
+
+        ``worker`` has just finished a batch and asks for more; it rejoins the free workers when there is none.
+        """
+        if worker is not None:
+            self._free_workers.append(worker)
+        if not self._pending or not self._free_workers:
+            return None
+        if self._busy and len(self._pending) < self.parallel_min_batch:
+            return None  # a small batch waits for the running one rather than halve its threads
+        chosen = worker if worker is not None else min(self._free_workers)
+        self._free_workers.remove(chosen)
+        batch = [self._pending.popleft() for _ in range(min(self.max_batch_size, len(self._pending)))]
+        self._computing += len(batch)
+        return chosen, batch
+
     def _dispatch(self) -> None:
-        """Start a batch on every free worker while queries wait."""
+        """Start a batch on every free worker while queries wait (the event loop's side)."""
         loop = asyncio.get_running_loop()
-        while self._pending and self._free_workers:
-            if self._busy and len(self._pending) < self.parallel_min_batch:
-                break  # a small batch waits for the running one rather than halve its threads
-            batch = [self._pending.popleft() for _ in range(min(self.max_batch_size, len(self._pending)))]
-            worker = min(self._free_workers)
-            self._free_workers.remove(worker)
-            self._computing += len(batch)
-            task = loop.create_task(self._run(batch, worker))
+        while True:
+            with self._lock:
+                taken = self._take_locked()
+            if taken is None:
+                return
+            task = loop.create_task(self._run(*taken))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _run(self, batch: list[_Item], worker: int) -> None:
-        start = time.perf_counter()
-        try:
-            results = await asyncio.get_running_loop().run_in_executor(
-                self._executors[worker], self._compute_answers, [i.query for i in batch], [i.top_k for i in batch])
-        except BaseException as error:  # noqa: BLE001 - every waiter must hear about it, then cancellation goes on
+    async def _run(self, worker: int, batch: list[_Item]) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executors[worker], self._work, worker, batch, loop)
+
+    def _work(self, worker: int, batch: list[_Item] | None, loop: asyncio.AbstractEventLoop) -> None:
+        """Worker thread: compute ``batch``, hand its answers to the loop, then go on with what waits.
+
+        The next batch is taken here, not by the event loop, so a worker does not sit idle until a
+        loop busy with the last batch's responses gets round to starting it.
+        """
+        while batch:
+            start = time.perf_counter()
+            answers: list[Answer] | None = None
+            error: BaseException | None = None
+            try:
+                answers = self._compute_answers([i.query for i in batch], [i.top_k for i in batch])
+            except BaseException as e:  # noqa: BLE001 - every waiter must hear about it
+                error = e
+            fatal = error is not None and not isinstance(error, Exception)
+            with self._lock:
+                self._computing -= len(batch)
+                if fatal:
+                    self._free_workers.append(worker)
+                    follow = None
+                else:
+                    taken = self._take_locked(worker)
+                    follow = taken[1] if taken else None
+            loop.call_soon_threadsafe(self._settle, batch, answers, error, time.perf_counter() - start)
+            if fatal:
+                raise error  # type: ignore[misc]
+            batch = follow
+
+    def _settle(self, batch: list[_Item], answers: list[Answer] | None, error: BaseException | None,
+                elapsed: float) -> None:
+        """Event loop: record a finished batch, cache its answers and wake its waiters."""
+        if error is not None or answers is None:
             self.stats.failed_batches += 1
-            if not isinstance(error, asyncio.CancelledError):
-                logger.exception("retrieval batch of %d failed", len(batch))
+            logger.error("retrieval batch of %d failed", len(batch), exc_info=error)
+            failure = error if isinstance(error, Exception) else RuntimeError("retrieval worker stopped")
             for item in batch:
                 self._inflight.pop((item.query, item.top_k), None)
-                item.resolve(error=error if isinstance(error, Exception) else RuntimeError("cancelled"))
-            if isinstance(error, asyncio.CancelledError):
-                raise
-        else:
-            elapsed = time.perf_counter() - start
-            self.stats.batches += 1
-            self.stats.computed += len(batch)
-            self.stats.compute_seconds += elapsed
-            if self._on_batch is not None:
-                self._on_batch(len(batch), elapsed)
-            for item, answer in zip(batch, results, strict=True):
-                key = (item.query, item.top_k)
-                self._cache.put(key, answer)
-                self._inflight.pop(key, None)
-                item.resolve(answer)
-        finally:
-            self._free_workers.append(worker)
-            self._computing -= len(batch)
-            self._dispatch()
+                item.resolve(error=failure)
+            return
+        self.stats.batches += 1
+        self.stats.computed += len(batch)
+        self.stats.compute_seconds += elapsed
+        if self._on_batch is not None:
+            self._on_batch(len(batch), elapsed)
+        for item, answer in zip(batch, answers, strict=True):
+            key = (item.query, item.top_k)
+            self._cache.put(key, answer)
+            self._inflight.pop(key, None)
+            item.resolve(answer)
 
     async def drain(self, timeout: float | None = None) -> None:
         """Wait until queued and computing queries are answered (shutdown finishes work in flight)."""

@@ -202,6 +202,21 @@ async def test_lone_queries_run_on_the_first_worker_even_after_both_worked() -> 
     batcher.close()
 
 
+async def test_a_worker_takes_the_next_batch_while_the_event_loop_is_busy() -> None:
+    compute = GatedCompute(hold_first=True)
+    batcher = Batcher(compute, max_batch_size=4)
+    first = asyncio.ensure_future(batcher.retrieve(["q0"], 1))
+    await _until(compute.entered.is_set)
+    later = [asyncio.ensure_future(batcher.retrieve([f"q{i}"], 1)) for i in range(1, 4)]
+    await _until(lambda: batcher.queue_depth == 3)
+    compute.gate.set()
+    time.sleep(0.3)  # the loop is blocked (as by a burst of responses): the worker goes on without it
+    assert [b[0] for b in compute.batches] == [["q0"], ["q1", "q2", "q3"]]
+    await asyncio.gather(first, *later)
+    assert batcher.stats.batches == 2 and batcher.computing == 0
+    batcher.close()
+
+
 async def test_drain_waits_for_the_running_and_the_queued_batches_within_its_timeout() -> None:
     compute = GatedCompute(hold_first=True)
     batcher = Batcher(compute, max_batch_size=2)
