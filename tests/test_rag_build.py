@@ -95,6 +95,19 @@ def test_traced_encoder_gives_the_eager_vectors_at_shapes_it_was_not_traced_with
                                atol=1e-6)
 
 
+def test_a_batch_is_cut_into_forwards_only_where_the_padding_saved_is_worth_a_forward() -> None:
+    from rag.encoder import _forward_runs
+
+    # One long text among short ones: padding nine texts of 10 to 40 tokens costs 270 tokens, a second
+    # forward 16; like lengths stay in one forward; a forward never takes more than the cap.
+    assert _forward_runs([40] + [10] * 9, cap=16, fixed=16) == [(0, 1), (1, 10)]
+    assert _forward_runs([12, 12, 11, 11, 11, 10], cap=16, fixed=16) == [(0, 6)]
+    runs = _forward_runs([10] * 40, cap=16, fixed=16)
+    assert len(runs) == 3 and all(stop - start <= 16 for start, stop in runs)
+    assert [r[0] for r in runs[1:]] == [r[1] for r in runs[:-1]] and runs[0][0] == 0 and runs[-1][1] == 40
+    assert _forward_runs([], cap=16) == []
+
+
 def test_a_trace_that_fails_or_differs_leaves_the_encoder_eager(monkeypatch: pytest.MonkeyPatch,
                                                                caplog: pytest.LogCaptureFixture) -> None:
     import torch
