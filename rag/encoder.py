@@ -215,10 +215,11 @@ class Encoder:
         query_prefix / passage_prefix: Prepended to each query / passage before encoding.
         normalize: L2-normalise embeddings.
         device: Torch device the model runs on.
-        query_batch_size: Queries per forward pass inside one ``encode_queries`` call. The model
-            sorts a call's texts by length and pads each forward only to its longest text, so on CPU
-            several forwards of 32 similar-length queries beat one padded forward of 256 (1.5x at 256
-            on MiniLM, see rag/README.md). None encodes the whole call in one forward.
+        query_batch_size: Most queries per forward pass inside one ``encode_queries`` call. A call's
+            texts are sorted by length and each forward is padded only to its own longest text, so on
+            CPU several forwards of similar-length queries beat one padded forward of 256 (1.5x at
+            256 on MiniLM, see rag/README.md); traced, a call is cut by token count where the padding
+            saved outweighs a forward (``_forward_runs``). None encodes the whole call in one forward.
         replicas: Threads that may encode at once. Each gets its own copy of the model's modules and
             tokenizer (a fast tokenizer is not safe to share between threads), all sharing one set
             of weights; a call waits while every replica is busy.

@@ -31,8 +31,9 @@ def default_workers(device: str) -> int:
     return min(2, available_cpus()) if device == "cpu" else 1
 
 
-# Queries per encoder forward on CPU, MiniLM on 2 cores: with the traced encoder 16 beat 32 and 8 at
-# batches of 64 and 256 (in-process, 1.08-1.09x over 32); eager, 32 was the fastest of 16/32/64/whole batch.
+# Most queries per encoder forward on CPU, MiniLM on 2 cores: with the traced encoder 16 beat 32 and 8 at
+# batches of 64 and 256 (in-process, 1.08-1.09x over 32), and 8, 24 and 32 once forwards were cut by token
+# length; eager, 32 was the fastest of 16/32/64/whole batch.
 CPU_QUERY_BATCH_SIZE = 16
 CPU_QUERY_BATCH_SIZE_EAGER = 32
 
