@@ -133,6 +133,11 @@ def _forward_runs(lengths: list[int], cap: int, fixed: int = _FORWARD_COST_TOKEN
     return runs[::-1]
 
 
+# Texts tokenized at once by the traced path: a batch of queries is one piece; a corpus handed over in one
+# call (an index build) is tokenized piece by piece, so its padded token ids never all sit in memory.
+_TOKENIZE_TEXTS = 1024
+
+
 def _encode_traced(replica: _Replica, texts: list[str], batch_size: int) -> np.ndarray:
     """``encode`` through the trace, in forwards of at most ``batch_size`` texts of like length.
 
@@ -143,6 +148,12 @@ def _encode_traced(replica: _Replica, texts: list[str], batch_size: int) -> np.n
     parameter, ``eval()`` over every module, one tensor per row), which holds the GIL ~2 ms per call
     and makes each compute thread queue for it behind the server's event loop.
     """
+    pieces = [_encode_piece(replica, texts[i:i + _TOKENIZE_TEXTS], batch_size)
+              for i in range(0, len(texts), _TOKENIZE_TEXTS)]
+    return np.concatenate(pieces) if pieces else np.empty((0, 0), dtype=np.float32)
+
+
+def _encode_piece(replica: _Replica, texts: list[str], batch_size: int) -> np.ndarray:
     device = next(replica.model.parameters()).device
     on_cpu = device.type == "cpu"  # no .to()/.cpu(): each torch call gives up the GIL and must queue to get it back
     features = replica.preprocess(texts)
@@ -168,7 +179,8 @@ def _encode_traced(replica: _Replica, texts: list[str], batch_size: int) -> np.n
             if out is None:
                 out = np.empty((len(texts), embeddings.shape[1]), dtype=np.float32)
             out[rows] = embeddings.numpy() if on_cpu else embeddings.float().cpu().numpy()
-    return out if out is not None else np.empty((0, 0), dtype=np.float32)
+    assert out is not None  # texts is never empty here
+    return out
 
 
 def _trace(replica: _Replica, normalize: bool) -> str | None:

@@ -84,7 +84,13 @@ def test_sub_batched_query_encoding_gives_the_vectors_of_one_forward(encoder: En
         Encoder(MINILM, query_batch_size=0)
 
 
-def test_traced_encoder_gives_the_eager_vectors_at_shapes_it_was_not_traced_with(encoder: Encoder) -> None:
+@pytest.mark.parametrize("piece", [None, 7])
+def test_traced_encoder_gives_the_eager_vectors_at_shapes_it_was_not_traced_with(
+        encoder: Encoder, piece: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    import rag.encoder
+
+    if piece:  # a call longer than what is tokenized at once: it goes piece by piece, rows still in order
+        monkeypatch.setattr(rag.encoder, "_TOKENIZE_TEXTS", piece)
     eager = Encoder(MINILM, max_seq_length=64, trace=False)
     assert encoder.traced and not eager.traced  # CPU default: traced
     long = " ".join(TOPICS)  # past max_seq_length: truncated at 64 tokens
