@@ -183,8 +183,15 @@ def _encode_piece(replica: _Replica, texts: list[str], batch_size: int) -> np.nd
     return out
 
 
-def _trace(replica: _Replica, normalize: bool) -> str | None:
+def _eager_checks(replica: _Replica, normalize: bool) -> list[np.ndarray]:
+    """``encode``'s embeddings of the check batches, which every replica's trace must reproduce."""
+    return [_encode_eager(replica, texts, len(texts), normalize) for texts in _CHECK_BATCHES]
+
+
+def _trace(replica: _Replica, normalize: bool, expected: list[np.ndarray]) -> str | None:
     """Give ``replica`` a checked TorchScript trace of its whole pipeline; the reason where it got none.
+
+    ``expected`` is ``_eager_checks`` of the model (the replicas share their weights, so one serves all).
 
     An eager forward takes the GIL back at every op boundary (about a hundred per MiniLM forward), so
     while the server's event loop holds the GIL the compute threads stall and cores go idle. A trace
@@ -197,7 +204,6 @@ def _trace(replica: _Replica, normalize: bool) -> str | None:
     device = next(model.parameters()).device
     features = replica.preprocess(_TRACE_TEXTS)
     names = [k for k, v in features.items() if isinstance(v, torch.Tensor)]
-    expected = [_encode_eager(replica, texts, len(texts), normalize) for texts in _CHECK_BATCHES]
     try:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch.jit's deprecation and tracer warnings: the check below decides
@@ -276,7 +282,8 @@ class Encoder:
         copies = [_Replica(self._model)] + [_Replica(_share_weights_copy(self._model)) for _ in range(replicas - 1)]
         self.traced = False
         if trace or (trace is None and device == "cpu"):
-            why_not = next((why for why in (_trace(r, normalize) for r in copies) if why is not None), None)
+            expected = _eager_checks(copies[0], normalize)
+            why_not = next((why for why in (_trace(r, normalize, expected) for r in copies) if why is not None), None)
             if why_not is None:
                 self.traced = True
             else:
