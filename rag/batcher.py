@@ -3,13 +3,13 @@
 An idle batcher sends a lone query to a worker thread at once. While batches compute, new
 queries wait in the queue and leave together as the next batch (up to ``max_batch_size``) when a
 worker frees up, so batches grow with load instead of with a timer. A worker that finishes takes
-the next batch itself and hands its answers to the event loop, so it never waits for the loop. ``workers`` threads compute
-batches side by side (on CPU two single-threaded forwards beat one two-threaded forward, and do
-not stall each other when the event loop takes a core); the event loop keeps accepting requests
-meanwhile. A query already queued or computing is joined, not recomputed, and finished answers
-stay in an LRU cache (RL asks each question n times). Each answer is serialised to JSON once, in
-the worker thread, and kept as bytes beside the list, so a cache hit or a joined duplicate costs
-the event loop no serialisation at all.
+the next batch itself and hands its answers to the event loop, so it never waits for the loop.
+``workers`` threads compute batches side by side (on CPU two single-threaded forwards beat one
+two-threaded forward, and do not stall each other when the event loop takes a core); the event
+loop keeps accepting requests meanwhile. A query already queued or computing is joined, not
+recomputed, and finished answers stay in an LRU cache (RL asks each question n times). Each answer
+is serialised to JSON once, in the worker thread, and kept as bytes beside the list, so a cache
+hit or a joined duplicate costs the event loop no serialisation at all.
 """
 
 from __future__ import annotations
