@@ -38,10 +38,10 @@ RAG_URL = "http://127.0.0.1:8000"  # the README's retrieval server
 PYTHON_BLOCKS: dict[str, bool | str] = {
     "return_token_ids=True, temperature=1.0": True,
     "SGLangEngine(": "needs the hub (Qwen/Qwen3-4B's tokenizer) and an SGLang server; the same loop runs offline "
-                     "in tests/test_tito_real_templates.py",
+                     "in tests/rllm/tokens/test_renderer.py",
     "AgentWorkflowEngine(StrandsWorkflow": True,
     "ProxyProcess(config)": "needs the proxy's own venv (.cache/litellm-venv) and a vLLM backend for token ids; "
-                            "tests/test_tracing_proxy.py runs the proxy against a scripted vLLM",
+                            "tests/rllm/tracing/test_proxy.py runs the proxy against a scripted vLLM",
     "from rag.client import make_local_search_tool\nlocal_search": True,
     "RetrievalClient(\"http://127.0.0.1:8000\")": True,
     "distance_compute_blas_threshold = threshold": True,

@@ -21,7 +21,7 @@ monkeypatching ``os``, ``os.path``, ``builtins`` or this module does not change 
 This is the second layer under the bubblewrap sandbox, and the only one in ``sandbox="guard"``
 mode, where it is a guard rail, not a security boundary: native code reached through ``ctypes``
 function pointers or a C extension calling the OS directly is not seen by audit hooks (the escape
-tests in ``tests/test_sandbox_escapes.py`` name the ones that get through).
+tests in ``tests/rllm/tools/test_python_exec_escapes.py`` name the ones that get through).
 
 This file imports only the standard library and must stay self-contained (no ``rllm`` imports).
 """

@@ -1,0 +1,56 @@
+"""NonStreamingOpenAIModel: Strands' OpenAIModel that always sends ``stream: false`` and replays the same events."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fixtures.strands_agents import (
+    SYSTEM,
+    ToolLog,
+    two_tools_then_answer,
+)
+from strands import Agent
+from strands.models.openai import OpenAIModel
+
+from rllm.integrations.strands import NonStreamingOpenAIModel, StrandsAgent
+from rllm.testing.scripted_server import ScriptedReply, ScriptedToolCall
+
+
+async def test_non_streaming_openai_model_sends_stream_false(serve) -> None:
+    server = serve(two_tools_then_answer)
+    model = NonStreamingOpenAIModel(client_args={"base_url": server.base_url, "api_key": "x"}, model_id="scripted")
+    agent = StrandsAgent(model, tools=ToolLog().tools, system_prompt=SYSTEM)
+
+    result = await agent.invoke_async("what is 2+3?")
+
+    assert "\\boxed{5}" in str(result)
+    assert [r["stream"] for r in server.requests] == [False, False]
+    assert all("stream_options" not in r for r in server.requests)
+    assert len(agent.trajectory.steps) == 2
+    assert agent.trajectory.steps[0].model_output.reasoning == "I should add and look up."
+    assert [c.name for c in agent.trajectory.steps[0].tool_calls] == ["add", "lookup"]
+    assert server.requests[1]["messages"][2]["reasoning_content"] == "I should add and look up."
+
+
+async def test_non_streaming_event_sequence_matches_streamed_one(serve) -> None:
+    reply = ScriptedReply(content="hello there", tool_calls=[ScriptedToolCall("add", '{"a": 1, "b": 2}', id="t1")])
+    server = serve([reply, reply])
+    messages = [{"role": "user", "content": [{"text": "hi"}]}]
+    client_args = {"base_url": server.base_url, "api_key": "x"}
+
+    async def final_message(model: Any) -> Any:
+        agent = Agent(model=model, callback_handler=None)
+        events = [e async for e in model.stream(messages)]
+        del agent
+        return events
+
+    unary = await final_message(NonStreamingOpenAIModel(client_args=client_args, model_id="m"))
+    streamed = await final_message(OpenAIModel(client_args=client_args, model_id="m"))
+
+    def blocks(events: list[Any]) -> list[Any]:
+        return [e for e in events if "contentBlockStart" in e or "messageStop" in e]
+
+    assert server.requests[0]["stream"] is False and server.requests[1]["stream"] is True
+    assert blocks(unary)[-1] == blocks(streamed)[-1] == {"messageStop": {"stopReason": "tool_use"}}
+    assert [b for b in blocks(unary) if "toolUse" in b.get("contentBlockStart", {}).get("start", {})] == [
+        b for b in blocks(streamed) if "toolUse" in b.get("contentBlockStart", {}).get("start", {})]

@@ -1,0 +1,364 @@
+"""``StrandsAgentLoop`` inside verl 0.9.1, on CPU.
+
+The loop is built the way verl's ``AgentLoopWorker`` builds it: the recipe composed with Hydra,
+the entry of the agent-loop YAML instantiated with ``hydra.utils.instantiate`` and verl's
+keyword arguments. verl's rollout server is replaced by a fake ``server_manager`` whose
+``generate`` returns verl ``TokenOutput``s scripted as text through the real tiny Qwen3-style
+tokenizer; tools are real Strands tools. The reward is computed by verl's own worker path
+(``AgentLoopWorker._compute_score`` -> naive reward manager -> our ``compute_score``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("OTEL_SDK_DISABLED", "true")
+
+from verl.experimental.agent_loop.agent_loop import (  # noqa: E402
+    AgentLoopOutput,
+    AgentLoopWorker,
+    DictConfigWrap,
+    ToolListWrap,
+)
+from verl.trainer.ppo.reward import load_reward_manager  # noqa: E402
+from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: E402
+from verl.workers.rollout.replica import TokenOutput  # noqa: E402
+
+from rllm.engine.rollout.verl_engine import PromptTooLongError  # noqa: E402
+from rllm.integrations.verl.agent_loop import StrandsAgentLoop  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[4]
+from fixtures.verl_loop import (  # noqa: E402
+    GROUND_TRUTH,
+    LOOKUPS,
+    SAMPLING,
+    SYSTEM,
+    FakeServerManager,
+    RewardHandle,
+    build_loop,
+    lookup_call,
+    row,
+    sampled_positions,
+    search_then_answer_with_top_title,
+    turns_script,
+)
+
+
+async def test_multi_turn_output_is_exactly_what_was_sent_and_sampled(tokenizer) -> None:
+    server = FakeServerManager(tokenizer, turns_script(lookup_call("France"), lookup_call("Paris"),
+                                                       "The capital is \\boxed{Paris}."))
+    loop, config = build_loop(tokenizer, server)
+    LOOKUPS.clear()
+
+    output = await loop.run(dict(SAMPLING), **row())
+
+    assert isinstance(output, AgentLoopOutput)
+    assert LOOKUPS == ["France", "Paris"] and len(server.calls) == 3
+    # One request id for the whole rollout (sticky routing, prefix cache); verl's sampling passed on.
+    assert {c["request_id"] for c in server.calls} == {server.calls[0]["request_id"]}
+    assert all(c["sampling_params"]["temperature"] == 1.0 and c["sampling_params"]["logprobs"] for c in server.calls)
+    # Every turn extends the previous prompt with exactly what was sampled, then the tool turn.
+    for previous, current in zip(server.calls, server.calls[1:]):
+        sent_before = previous["prompt_ids"] + previous["token_ids"]
+        assert current["prompt_ids"][: len(sent_before)] == sent_before
+    last = server.calls[-1]
+    assert output.prompt_ids == server.calls[0]["prompt_ids"]
+    assert output.prompt_ids + output.response_ids == last["prompt_ids"] + last["token_ids"]
+    # The mask is 1 exactly on sampled tokens, whose logprobs are the server's; 0.0 elsewhere.
+    first = len(output.prompt_ids)
+    sampled = sampled_positions(server, first)
+    assert [i for i, m in enumerate(output.response_mask) if m] == sampled
+    returned = [lp for c in server.calls for lp in c["log_probs"]]
+    assert [output.response_logprobs[i] for i in sampled] == returned
+    assert all(lp == 0.0 for i, lp in enumerate(output.response_logprobs) if i not in set(sampled))
+    assert len(output.response_ids) == len(output.response_mask) == len(output.response_logprobs)
+    # Each call may use only what is left of the response budget.
+    for call in server.calls:
+        assert call["sampling_params"]["max_tokens"] == config.actor_rollout_ref.rollout.response_length - (
+            len(call["prompt_ids"]) - first)
+    assert tokenizer.decode(output.prompt_ids).startswith("<|im_start|>system\n" + SYSTEM)
+    assert output.num_turns == 6  # user, 3 assistant turns, 2 tool turns
+    assert output.reward_score is None  # scored by the custom reward function, one path only
+    extra = output.extra_fields
+    assert extra["final_answer"] == "The capital is \\boxed{Paris}."
+    assert extra["termination_reason"] == "finished" and extra["infra_failure"] is False
+    assert extra["num_tool_calls"] == 2 and extra["num_model_calls"] == 3 and extra["num_tool_errors"] == 0
+    assert extra["min_global_steps"] == extra["max_global_steps"] == 3
+    assert output.metrics.generate_sequences > 0 and output.metrics.num_preempted == 0
+    # verl's v1 worker turns it into tensors without complaint.
+    fields = output.as_dict()
+    assert fields["rollout_log_probs"].shape == fields["responses"].shape == fields["response_mask"].shape
+
+
+async def score_through_verl(config: Any, tokenizer: Any, output: AgentLoopOutput) -> None:
+    """verl's worker reward path: ``AgentLoopWorker._compute_score`` -> naive manager -> compute_score."""
+    worker = AgentLoopWorker.__new__(AgentLoopWorker)  # only the reward plumbing of verl's worker
+    worker.processor, worker.mm_processor_kwargs = None, {}
+    worker.reward_loop_worker_handles = [RewardHandle(load_reward_manager(config, tokenizer))]
+    await worker._compute_score([output], kwargs=row())
+
+
+async def test_reward_goes_through_verls_reward_path_and_reads_only_the_final_answer(tokenizer) -> None:
+    # The tool output holds a boxed "Paris"; the agent's own final answer does not answer.
+    server = FakeServerManager(tokenizer, turns_script(lookup_call("decoy"), "I could not find it."))
+    loop, config = build_loop(tokenizer, server)
+    output = await loop.run(dict(SAMPLING), **row())
+    assert "\\boxed{Paris}" in tokenizer.decode(output.response_ids)
+    await score_through_verl(config, tokenizer, output)
+    assert output.reward_score == 0.0
+    assert output.extra_fields["reward_extra_info"]["boxed"] == 0.0
+
+    server = FakeServerManager(tokenizer, turns_script(lookup_call("France"), "It is \\boxed{Paris}."))
+    loop, config = build_loop(tokenizer, server)
+    output = await loop.run(dict(SAMPLING), **row())
+    await score_through_verl(config, tokenizer, output)
+    assert output.reward_score == 1.0
+    info = output.extra_fields["reward_extra_info"]
+    assert info["correct"] == 1.0 and info["boxed"] == 1.0 and info["tool_calls"] == 1.0
+
+
+async def test_verls_v1_worker_stores_the_trajectory_and_nothing_for_an_excluded_rollout(tokenizer,
+                                                                                         monkeypatch) -> None:
+    import verl.trainer.ppo.v1.agent_loop_tq as agent_loop_tq
+
+    stored: list[dict[str, Any]] = []
+
+    async def kv_batch_put(keys, fields, tags, partition_id):  # TransferQueue, the v1 trainer's store
+        stored.append({"keys": keys, "fields": fields, "tags": tags, "partition": partition_id})
+
+    monkeypatch.setattr(agent_loop_tq.tq, "async_kv_batch_put", kv_batch_put)
+    worker_cls = agent_loop_tq.AgentLoopWorkerTQ.__ray_actor_class__  # the class behind verl's Ray actor
+    server = FakeServerManager(tokenizer, turns_script(lookup_call("France"), "\\boxed{Paris}"))
+    loop, config = build_loop(tokenizer, server)
+    worker = worker_cls.__new__(worker_cls)
+    worker.processor, worker.mm_processor_kwargs, worker.distillation_enabled = None, {}, False
+    worker.reward_loop_worker_handles = [RewardHandle(load_reward_manager(config, tokenizer))]
+
+    output = await loop.run(dict(SAMPLING), **row())
+    await worker._agent_loop_postprocess(output, False, **row())
+    (put,) = stored
+    assert put["keys"] == ["u-0_0_0"] and put["partition"] == "train"
+    tag = put["tags"][0]
+    assert tag["status"] == "success" and tag["min_global_steps"] == tag["max_global_steps"] == 3
+    assert tag["response_len"] == len(output.response_ids) and tag["prompt_len"] == len(output.prompt_ids)
+    fields = put["fields"]
+    assert fields["loss_mask"][0].tolist() == output.response_mask
+    assert fields["rm_scores"][0].tolist()[-1] == 1.0 and sum(fields["rm_scores"][0].tolist()) == 1.0
+
+    aborted = FakeServerManager(tokenizer, turns_script(lookup_call("France"), "\\boxed{Paris}"), abort_on_call=2)
+    loop, _ = build_loop(tokenizer, aborted)
+    excluded = await loop.run(dict(SAMPLING), **row(session_id=1))
+    await worker._agent_loop_postprocess(excluded, False, **row(session_id=1))
+    assert len(stored) == 1  # nothing stored for the aborted rollout: no tokens, no reward, not in the group
+
+
+async def test_response_is_capped_at_response_length(tokenizer) -> None:
+    # Long tool results fill the budget: generation asks only for what is left, then stops.
+    server = FakeServerManager(tokenizer, turns_script(lookup_call("long"), lookup_call("long"), lookup_call("long"),
+                                                       lookup_call("long"), "\\boxed{Paris}"))
+    loop, config = build_loop(tokenizer, server, "data.max_response_length=160")
+    output = await loop.run(dict(SAMPLING), **row())
+
+    cap = config.actor_rollout_ref.rollout.response_length
+    assert cap == 160
+    assert len(output.response_ids) == len(output.response_mask) == len(output.response_logprobs) == cap
+    last = server.calls[-1]
+    whole = output.prompt_ids + output.response_ids
+    sent = last["prompt_ids"] + last["token_ids"]
+    assert whole[: len(sent)] == sent[: len(whole)]
+    sampled = [i for i in sampled_positions(server, len(output.prompt_ids)) if i < cap]
+    assert [i for i, m in enumerate(output.response_mask) if m] == sampled
+    for call in server.calls:
+        assert 0 < call["sampling_params"]["max_tokens"] <= cap - (len(call["prompt_ids"]) - len(output.prompt_ids))
+    extra = output.extra_fields
+    assert extra["termination_reason"] == "max_tokens" and extra["final_answer"] == ""
+    assert extra["infra_failure"] is False
+
+
+async def test_generation_cut_by_the_budget_ends_with_max_tokens(tokenizer) -> None:
+    server = FakeServerManager(tokenizer, turns_script("word " * 400))
+    loop, _ = build_loop(tokenizer, server, "data.max_response_length=64")
+    output = await loop.run(dict(SAMPLING), **row())
+
+    assert server.calls[0]["sampling_params"]["max_tokens"] == 64
+    assert len(output.response_ids) == 64 and output.response_mask == [1] * 64
+    assert output.extra_fields["termination_reason"] == "max_tokens" and output.extra_fields["final_answer"] == ""
+
+
+async def test_aborted_generation_is_an_infrastructure_failure_excluded_from_the_update(tokenizer) -> None:
+    server = FakeServerManager(tokenizer, turns_script(lookup_call("France"), "\\boxed{Paris}"), abort_on_call=2)
+    loop, config = build_loop(tokenizer, server)
+
+    # v1 (the default trainer): the session yields no trajectory at all.
+    assert await loop.run(dict(SAMPLING), **row()) == []
+
+    server = FakeServerManager(tokenizer, turns_script(lookup_call("France"), "\\boxed{Paris}"), abort_on_call=2)
+    loop, _ = build_loop(tokenizer, server)
+    output = await loop.rollout(dict(SAMPLING), **row())
+    extra = output.extra_fields
+    assert extra["infra_failure"] is True and extra["termination_reason"] == "engine_error"
+    assert "aborted" in extra["infra_error"] and extra["final_answer"] == ""
+    assert set(output.response_mask) == {0} and len(output.response_ids) > 0
+
+    # The legacy v0 trainer keeps the row, with no gradient and a zero score.
+    server_v0 = FakeServerManager(tokenizer, turns_script(lookup_call("France"), "\\boxed{Paris}"), abort_on_call=2)
+    loop_v0, config_v0 = build_loop(tokenizer, server_v0, "trainer.use_v1=false")
+    kept = await loop_v0.run(dict(SAMPLING), **row())
+    assert isinstance(kept, AgentLoopOutput) and set(kept.response_mask) == {0}
+    from rllm.integrations.verl.reward import compute_score
+
+    scored = compute_score("hotpotqa", "ignored", GROUND_TRUTH, {**row()["extra_info"], **kept.extra_fields},
+                           scorer="rllm.agents.search:score_search_answer")
+    assert scored["score"] == 0.0
+
+
+async def test_tool_error_is_the_policys_but_a_dead_tool_backend_is_infrastructure(tokenizer) -> None:
+    # A tool raising on a bad argument: the model sees the error and carries on; the rollout counts.
+    server = FakeServerManager(tokenizer, turns_script(lookup_call("bad"), "\\boxed{Paris}"))
+    loop, _ = build_loop(tokenizer, server)
+    output = await loop.run(dict(SAMPLING), **row())
+    assert isinstance(output, AgentLoopOutput) and output.extra_fields["infra_failure"] is False
+    tool_turn = tokenizer.decode(server.calls[1]["prompt_ids"][len(server.calls[0]["prompt_ids"]):])
+    assert "<tool_response>" in tool_turn and "no entry named 'bad'" in tool_turn
+    assert output.extra_fields["final_answer"] == "\\boxed{Paris}"
+
+    # The tool's backend failing, marked by the tool itself: excluded, and no further generation is spent on it.
+    dead = FakeServerManager(tokenizer, turns_script(lookup_call("France"), "\\boxed{Paris}"))
+    loop, _ = build_loop(tokenizer, dead, fail_with="backend")
+    assert await loop.run(dict(SAMPLING), **row()) == []
+    assert len(dead.calls) == 1
+    dead = FakeServerManager(tokenizer, turns_script(lookup_call("France"), "\\boxed{Paris}"))
+    loop, _ = build_loop(tokenizer, dead, fail_with="backend")
+    flagged = await loop.rollout(dict(SAMPLING), **row())
+    extra = flagged.extra_fields
+    assert extra["infra_failure"] is True and extra["termination_reason"] == "tool_backend_error"
+    assert extra["infra_error"] == ("tool 'lookup' failed: ToolBackendError: "
+                                    "encyclopedia backend at 127.0.0.1:9 refused the connection")
+    assert set(flagged.response_mask) == {0}
+
+
+async def test_a_third_party_tool_exception_is_infrastructure_only_when_configured(tokenizer) -> None:
+    # By default a raw httpx error from a tool is just an error the model reads (no regex, no guessing).
+    server = FakeServerManager(tokenizer, turns_script(lookup_call("France"), "\\boxed{Paris}"))
+    loop, _ = build_loop(tokenizer, server, fail_with="connect")
+    output = await loop.run(dict(SAMPLING), **row())
+    assert isinstance(output, AgentLoopOutput) and output.extra_fields["infra_failure"] is False
+    assert len(server.calls) == 2
+    # Named in the loop's infra_exceptions, it marks the backend failed.
+    server = FakeServerManager(tokenizer, turns_script(lookup_call("France"), "\\boxed{Paris}"))
+    loop, _ = build_loop(tokenizer, server, fail_with="connect", infra_exceptions=["httpx.TransportError"])
+    assert await loop.run(dict(SAMPLING), **row()) == [] and len(server.calls) == 1
+
+
+async def test_an_unexpected_error_raises_out_of_run_with_its_cause(tokenizer) -> None:
+    class Garbled(FakeServerManager):
+        async def generate(self, *args: Any, **kwargs: Any) -> TokenOutput:
+            out = await super().generate(*args, **kwargs)
+            return out.model_copy(update={"log_probs": out.log_probs[:-1]})  # one logprob short
+
+    loop, _ = build_loop(tokenizer, Garbled(tokenizer, turns_script("\\boxed{Paris}")))
+    with pytest.raises(ValueError, match="token ids but .* logprobs"):
+        await loop.run(dict(SAMPLING), **row())
+
+
+async def test_a_hung_rollout_times_out_as_infrastructure(tokenizer) -> None:
+    class Hung(FakeServerManager):
+        async def generate(self, *args: Any, **kwargs: Any) -> TokenOutput:
+            self.calls.append({})
+            await asyncio.sleep(30)
+            raise AssertionError("unreachable")
+
+    loop, _ = build_loop(tokenizer, Hung(tokenizer, turns_script("x")), timeout_s=0.2)
+    output = await loop.rollout(dict(SAMPLING), **row())
+    assert output.extra_fields["termination_reason"] == "timeout" and output.extra_fields["infra_failure"] is True
+
+
+async def test_a_prompt_longer_than_prompt_length_is_a_config_error(tokenizer) -> None:
+    server = FakeServerManager(tokenizer, turns_script("\\boxed{Paris}"))
+    loop, _ = build_loop(tokenizer, server, "data.max_prompt_length=32")
+    with pytest.raises(PromptTooLongError, match="rollout.prompt_length is 32"):
+        await loop.run(dict(SAMPLING), **row())
+    assert server.calls == []
+
+
+async def test_rows_without_logprobs_and_verl_tools_are_handled_explicitly(tokenizer) -> None:
+    server = FakeServerManager(tokenizer, turns_script("\\boxed{Paris}"))
+    loop, _ = build_loop(tokenizer, server, "actor_rollout_ref.rollout.calculate_log_probs=false")
+    output = await loop.run({**SAMPLING, "logprobs": False}, **row())
+    assert output.response_logprobs is None and output.response_mask == [1] * len(output.response_ids)
+
+    with pytest.raises(ValueError, match="tool_config_path"):
+        StrandsAgentLoop(
+            trainer_config=DictConfigWrap(loop.config), server_manager=server, tokenizer=tokenizer, processor=None,
+            dataset_cls=RLHFDataset, data_config=DictConfigWrap(loop.config.data), tools=ToolListWrap([object()]),
+        )
+
+
+def test_lookup_stand_in_is_importable_by_dotted_path() -> None:
+    from rllm.integrations.verl.agent_loop import build_tools
+
+    tools = build_tools("fixtures.verl_loop:lookup_tools", {"fail_with": None})
+    assert [t.tool_name for t in tools] == ["lookup"]
+    assert build_tools("fixtures.verl_loop:lookup_tools", {"fail_with": None})[0] is tools[0]  # built once per process
+    with pytest.raises(ImportError, match="no_such_factory"):
+        build_tools("fixtures.verl_loop:no_such_factory")
+
+
+# --- the real search tool (the YAML's default factory) against a real retrieval server ---------
+
+
+@pytest.fixture(scope="module")
+def retrieval_server(tmp_path_factory) -> Any:
+    from rag.build_index import build_demo_index
+    from rag.testing import RetrievalServer
+
+    index_dir = tmp_path_factory.mktemp("rag-index")
+    build_demo_index(index_dir, limit=40, progress=False)  # MiniLM over 40 shipped HotpotQA paragraphs
+    with RetrievalServer(index_dir) as server:
+        yield server
+
+
+async def test_real_search_tool_against_a_real_retrieval_server(tokenizer, retrieval_server, monkeypatch) -> None:
+    monkeypatch.setenv("RETRIEVAL_SERVER_URL", retrieval_server.base_url)  # read by the recipe's tool_kwargs
+    server = FakeServerManager(tokenizer, search_then_answer_with_top_title)
+    loop, _ = build_loop(tokenizer, server, stand_in_tool=False)
+    assert loop.settings.tool_factory == "rllm.agents.search:search_tools"
+    assert loop.settings.tool_kwargs == {"retrieval_url": retrieval_server.base_url}
+
+    output = await loop.run(dict(SAMPLING), **row())
+
+    hits = await loop_search(retrieval_server.base_url, "Beer Hunter whisky brewery")
+    assert output.extra_fields["final_answer"] == f"\\boxed{{{hits[0]['title']}}}"
+    tool_tokens = [t for t, m in zip(output.response_ids, output.response_mask) if m == 0]
+    assert hits[0]["contents"][:60] in tokenizer.decode(tool_tokens)
+    assert output.extra_fields["num_tool_calls"] == 1 and output.extra_fields["infra_failure"] is False
+
+
+async def loop_search(base_url: str, query: str) -> list[dict[str, Any]]:
+    from rag.client import RetrievalClient
+
+    client = RetrievalClient(base_url)
+    try:
+        return await client.search(query, 3)
+    finally:
+        await client.aclose()
+
+
+async def test_real_search_tool_with_the_retrieval_server_down_is_excluded(tokenizer, monkeypatch) -> None:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    monkeypatch.setenv("RETRIEVAL_SERVER_URL", closed)
+    server = FakeServerManager(tokenizer, search_then_answer_with_top_title)
+    loop, _ = build_loop(tokenizer, server, stand_in_tool=False)
+
+    assert await loop.run(dict(SAMPLING), **row()) == []
+    assert len(server.calls) == 1  # no generation spent after the dead search
+

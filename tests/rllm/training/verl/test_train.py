@@ -1,0 +1,273 @@
+"""The verl recipe: it composes with Hydra, passes verl's own validation, every key is live, RLOO
+computes the expected advantages through verl's estimator, and the launcher's dry run, help and
+retrieval health check behave as documented. CPU only; nothing here starts Ray or a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import hydra
+import numpy as np
+import pytest
+import torch
+import yaml
+from omegaconf import OmegaConf
+
+os.environ.setdefault("OTEL_SDK_DISABLED", "true")
+
+from verl.protocol import DataProto  # noqa: E402
+from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories  # noqa: E402
+from verl.utils.config import omega_conf_to_dataclass  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[4]
+from rllm.integrations.verl.train import CONFIG_DIR, CONFIG_NAME, prepare_config, validate  # noqa: E402
+
+LAUNCHER = REPO / "examples" / "strands" / "train_strands_agent.sh"
+# Keys the recipe adds that verl's base config does not declare, each with the reader that makes it live.
+ADDED_KEYS = {
+    "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype": "FSDP engine _build_fsdp_module",
+    "actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype": "FSDP engine _build_fsdp_module",
+    "actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype": "FSDP engine _build_fsdp_module",
+    "reward.custom_reward_function.reward_kwargs.scorer": "rllm.integrations.verl.reward.compute_score",
+    "reward.custom_reward_function.reward_kwargs.partial_credit": "rllm.agents.search.score_search_answer",
+    "ray_kwargs.ray_init.runtime_env.env_vars.RETRIEVAL_TOKEN": "ray.init runtime_env (agent-loop tool)",
+    "rllm.max_infra_failure_share": "rllm.integrations.verl.manager.StrandsAgentLoopManager",
+    "rllm.agent_loop.tool_factory": "rllm.integrations.verl.agent_loop.loop_settings",
+    "rllm.agent_loop.tool_kwargs.retrieval_url": "rllm.integrations.verl.agent_loop.loop_settings",
+    "rllm.agent_loop.system_prompt": "rllm.integrations.verl.agent_loop.loop_settings",
+    "rllm.agent_loop.budget": "rllm.integrations.verl.agent_loop.loop_settings",
+    "rllm.agent_loop.timeout_s": "rllm.integrations.verl.agent_loop.loop_settings",
+    "rllm.agent_loop.infra_exceptions": "rllm.integrations.verl.agent_loop.loop_settings",
+    "actor_rollout_ref.rollout.agent.agent_loop_manager_class": "verl.trainer.main_ppo TaskRunnerV1 (RolloutConfig)",
+    "data.apply_chat_template_kwargs.enable_thinking": "chat template (RLHFDataset, StrandsAgentLoop)",
+}
+
+
+def compose(*overrides: str) -> Any:
+    with hydra.initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        return hydra.compose(config_name=CONFIG_NAME, overrides=list(overrides))
+
+
+def leaves(node: Any, prefix: str = "") -> list[str]:
+    if isinstance(node, dict):
+        return [leaf for key, value in node.items() for leaf in leaves(value, f"{prefix}{key}.")]
+    return [prefix.rstrip(".")]
+
+
+def declared(config: Any, key: str) -> bool:
+    """Whether ``key`` exists in ``config`` (a ``???`` value counts: it is declared, just unset)."""
+    parent_key, _, leaf = key.rpartition(".")
+    parent = OmegaConf.select(config, parent_key) if parent_key else config
+    return OmegaConf.is_dict(parent) and leaf in list(parent.keys())
+
+
+def test_recipe_composes_and_passes_verls_validation() -> None:
+    config = prepare_config(compose())
+    validate(config)  # verl.utils.config.validate_config, as verl's main runs it
+
+    assert config.algorithm.adv_estimator == "rloo"
+    rollout, actor = config.actor_rollout_ref.rollout, config.actor_rollout_ref.actor
+    assert rollout.n == 8 and rollout.name == "vllm" and config.trainer.n_gpus_per_node == 8
+    assert config.actor_rollout_ref.model.path == "Qwen/Qwen3-4B"
+    # fp16: the FSDP engine reads mixed_precision (param fp16, fp32 reduce and buffers); vLLM serves fp16.
+    engine = omega_conf_to_dataclass(actor.fsdp_config)
+    assert engine.mixed_precision == {"param_dtype": "fp16", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
+    assert engine.model_dtype == "fp32" and rollout.dtype == "float16"
+    # The rollout config verl's agent-loop workers build, with our lengths and loop.
+    rollout_config = omega_conf_to_dataclass(rollout)
+    assert rollout_config.prompt_length == 2048 and rollout_config.response_length == 6144
+    assert rollout_config.max_model_len == 8192 and rollout_config.calculate_log_probs
+    assert rollout_config.agent.default_agent_loop == "strands_agent"
+    loops = OmegaConf.load(rollout.agent.agent_loop_config_path)
+    assert Path(rollout.agent.agent_loop_config_path).is_absolute()
+    assert [entry.name for entry in loops] == ["strands_agent"]
+    assert loops[0]._target_ == "rllm.integrations.verl.agent_loop.StrandsAgentLoop"
+    # One reward path: the custom function; no critic, no reference model (no KL).
+    assert config.reward.custom_reward_function.path == "pkg://rllm.integrations.verl.reward"
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+
+    assert not need_critic(config) and not need_reference_policy(config)
+    assert config.rllm.agent_loop.tool_kwargs.retrieval_url.startswith("http")
+    assert config.trainer.save_freq > 0 and config.trainer.test_freq > 0 and config.trainer.val_before_train
+
+
+def test_every_recipe_key_is_a_verl_key_or_a_documented_addition() -> None:
+    recipe = yaml.safe_load((CONFIG_DIR / f"{CONFIG_NAME}.yaml").read_text())
+    recipe.pop("hydra"), recipe.pop("defaults")
+    with hydra.initialize_config_module(config_module="verl.trainer.config", version_base=None):
+        base = hydra.compose(config_name="ppo_trainer")
+    unknown = [key for key in leaves(recipe) if not declared(base, key)]
+    assert sorted(unknown) == sorted(ADDED_KEYS), "a recipe key verl does not know (typo or dead key)"
+    # fsdp_config.dtype is ignored by verl's FSDP engine: the recipe must not pretend to set it.
+    assert "dtype" not in recipe["actor_rollout_ref"]["actor"]["fsdp_config"]
+
+
+def test_a_mistyped_override_fails_to_compose() -> None:
+    with pytest.raises(Exception, match="mixed_precison"):
+        compose("actor_rollout_ref.actor.fsdp_config.mixed_precison.param_dtype=fp16")
+
+
+def test_rloo_on_two_groups_through_verls_estimator() -> None:
+    config = compose()
+    # Group "a": all 4 rollouts; group "b": 3 rollouts (its 4th was an excluded infrastructure failure).
+    uids = np.array(["a", "a", "a", "a", "b", "b", "b"], dtype=object)
+    scores = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0])
+    lengths = [3, 5, 2, 4, 5, 1, 3]
+    width = 5
+    mask = torch.tensor([[1] * n + [0] * (width - n) for n in lengths], dtype=torch.float32)
+    rewards = torch.zeros(len(lengths), width)
+    rewards[torch.arange(len(lengths)), torch.tensor(lengths) - 1] = scores  # score on the last token
+    data = DataProto.from_dict(tensors={"token_level_rewards": rewards, "response_mask": mask},
+                               non_tensors={"uid": uids})
+    keys = [f"{uid}_{i}_0" for i, uid in enumerate(uids)]  # {uid}_{session}_{index}, as verl's v1 stores them
+
+    out = compute_advantage_for_multi_trajectories(
+        data, batch_keys=keys, adv_estimator=config.algorithm.adv_estimator, gamma=config.algorithm.gamma,
+        lam=config.algorithm.lam, num_repeat=config.actor_rollout_ref.rollout.n, config=config.algorithm,
+    )
+
+    # r_i minus the mean of the other rollouts of the same prompt.
+    expected = torch.tensor([1 - 1 / 3, 0 - 2 / 3, 0 - 2 / 3, 1 - 1 / 3, 1 - 1 / 2, 1 - 1 / 2, 0 - 1.0])
+    advantages = out.batch["advantages"]
+    assert torch.allclose(advantages, expected.unsqueeze(-1) * mask, atol=1e-6)  # broadcast on the mask only
+    assert torch.allclose(out.batch["returns"], advantages)
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _launch(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    environment = {**os.environ, "PYTHON": sys.executable, **env}
+    return subprocess.run(["bash", str(LAUNCHER), *args], capture_output=True, text=True, env=environment,
+                          timeout=600, cwd=REPO)
+
+
+def test_launcher_help_prints_usage_and_the_resolved_config_without_gpu_or_server() -> None:
+    result = _launch("--help", "trainer.total_training_steps=3",
+                     RETRIEVAL_SERVER_URL=f"http://127.0.0.1:{_closed_port()}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.startswith("Usage: bash examples/strands/train_strands_agent.sh")
+    printed = yaml.safe_load(result.stdout.split("Resolved config:\n", 1)[1])
+    assert printed["algorithm"]["adv_estimator"] == "rloo"
+    assert printed["trainer"]["total_training_steps"] == 3  # overrides pass through
+    assert printed["data"]["train_files"] == str(REPO / "data" / "hotpotqa" / "train.parquet")
+    assert "${" not in result.stdout.split("Resolved config:\n", 1)[1]  # resolved
+
+
+def test_launcher_refuses_to_start_without_a_healthy_retrieval_server() -> None:
+    url = f"http://127.0.0.1:{_closed_port()}"
+    result = _launch(RETRIEVAL_SERVER_URL=url)
+    assert result.returncode != 0
+    assert f"retrieval server is not healthy at {url}/health" in result.stderr
+    assert "rag/launch_rag.sh" in result.stderr
+
+
+def test_recipe_passes_the_retrieval_token_to_the_workers_and_installs_the_stopping_manager(monkeypatch) -> None:
+    monkeypatch.setenv("RETRIEVAL_TOKEN", "s3cret")
+    config = prepare_config(compose())
+    assert config.ray_kwargs.ray_init.runtime_env.env_vars.RETRIEVAL_TOKEN == "s3cret"
+    rollout = omega_conf_to_dataclass(config.actor_rollout_ref.rollout)
+    assert rollout.agent.agent_loop_manager_class == "rllm.integrations.verl.manager.StrandsAgentLoopManager"
+    assert config.rllm.max_infra_failure_share == 0.5
+    from verl.utils.import_utils import load_class_from_fqn
+
+    from rllm.integrations.verl.manager import StrandsAgentLoopManager
+
+    assert load_class_from_fqn(rollout.agent.agent_loop_manager_class, "AgentLoopManager") is StrandsAgentLoopManager
+    monkeypatch.delenv("RETRIEVAL_TOKEN")
+    assert prepare_config(compose()).ray_kwargs.ray_init.runtime_env.env_vars.RETRIEVAL_TOKEN == ""
+
+
+def test_launcher_dry_run_never_prints_the_token() -> None:
+    result = _launch("--dry-run", RETRIEVAL_TOKEN="s3cret-token-value")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "s3cret-token-value" not in result.stdout + result.stderr
+    env_vars = yaml.safe_load(result.stdout)["ray_kwargs"]["ray_init"]["runtime_env"]["env_vars"]
+    assert env_vars["RETRIEVAL_TOKEN"] == "***"
+
+
+def test_launcher_refuses_a_retrieval_server_that_rejects_the_token(tmp_path_factory) -> None:
+    from rag.server import ServerSettings
+    from rag.testing import RetrievalServer, demo_index
+
+    index = demo_index(tmp_path_factory.getbasetemp(), 200)
+    with RetrievalServer(index, ServerSettings(token="s3cret")) as server:
+        result = _launch(RETRIEVAL_SERVER_URL=server.base_url, RETRIEVAL_TOKEN="")
+        wrong = _launch(RETRIEVAL_SERVER_URL=server.base_url, RETRIEVAL_TOKEN="not-it")
+    for run in (result, wrong):
+        assert run.returncode != 0
+        assert f"retrieval server OK at {server.base_url}/health" in run.stdout  # /health alone would pass
+        assert f"an authenticated POST {server.base_url}/retrieve failed" in run.stderr
+        assert "HTTP 401" in run.stderr and "set RETRIEVAL_TOKEN" in run.stderr
+    assert "the client sent no token" in result.stderr and "a token it does not accept" in wrong.stderr
+
+
+# ---------------------------------------------------------------- the loop's settings: the recipe alone
+def test_the_loop_reads_its_settings_from_the_recipe_and_evaluations_budget(monkeypatch) -> None:
+    from rllm.agents.search import DEFAULT_SEARCH_BUDGET
+    from rllm.integrations.verl.agent_loop import loop_settings
+
+    monkeypatch.setenv("RETRIEVAL_SERVER_URL", "http://10.0.0.7:8123")
+    settings = loop_settings(prepare_config(compose()))
+    assert settings.tool_factory == "rllm.agents.search:search_tools"
+    assert settings.tool_kwargs == {"retrieval_url": "http://10.0.0.7:8123"}  # resolved by the launcher
+    assert settings.budget == DEFAULT_SEARCH_BUDGET and settings.tool_parser == "hermes"
+    assert settings.timeout_s == 600 and settings.infra_exceptions == () and settings.system_prompt is None
+    # verl's own keys that this loop can honour, it honours.
+    honoured = loop_settings(compose("actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
+                                     "actor_rollout_ref.rollout.multi_turn.format=qwen3_coder"))
+    assert honoured.budget.max_model_turns == 3 and honoured.budget.max_tool_calls == 16
+    assert honoured.tool_parser == "qwen3_coder"
+    mapped = loop_settings(compose("rllm.agent_loop.budget={max_model_turns:4,max_tool_calls:5}"))
+    assert (mapped.budget.max_model_turns, mapped.budget.max_tool_calls) == (4, 5)
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("actor_rollout_ref.rollout.multi_turn.max_tool_response_length=512", "multi_turn.max_tool_response_length=512"),
+    ("actor_rollout_ref.rollout.multi_turn.max_user_turns=4", "multi_turn.max_user_turns=4"),
+    ("actor_rollout_ref.rollout.multi_turn.max_parallel_calls=4", "multi_turn.max_parallel_calls=4"),
+    ("actor_rollout_ref.rollout.multi_turn.use_inference_chat_template=true", "use_inference_chat_template=True"),
+    ("actor_rollout_ref.rollout.multi_turn.format=llama3_json", "multi_turn.format: unknown tool parser"),
+    ("+rllm.agent_loop.max_turns=4", r"unknown keys \['rllm.agent_loop.max_turns'\]"),
+    ("rllm.agent_loop.tool_factory=null", "rllm.agent_loop.tool_factory must name"),
+    ("rllm.agent_loop.budget={max_turns:4}", r"budget: unknown keys \['max_turns'\]"),
+], ids=["tool_response_length", "user_turns", "parallel_calls", "inference_template", "format", "unknown_key",
+        "no_factory", "budget_key"])
+def test_settings_the_loop_would_ignore_are_refused_at_launch(override: str, message: str) -> None:
+    config = prepare_config(compose(override))
+    with pytest.raises(ValueError, match=message):
+        validate(config)  # the launcher's check, before Ray starts
+
+
+def test_settings_in_the_agent_loop_yaml_entry_are_refused(tmp_path) -> None:
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap
+
+    from rllm.integrations.verl.agent_loop import StrandsAgentLoop
+
+    config = prepare_config(compose())
+    with pytest.raises(TypeError, match=r"\['max_model_turns', 'tool_factory'\].*rllm.agent_loop"):
+        StrandsAgentLoop(trainer_config=DictConfigWrap(config), server_manager=None, tokenizer=None, processor=None,
+                         dataset_cls=None, data_config=DictConfigWrap(config.data), tool_factory="x:y",
+                         max_model_turns=3)
+
+
+def test_the_recipes_and_the_launch_script_are_package_data() -> None:
+    """A normal (non-editable) install has them: they are found through the packages, not a clone."""
+    import importlib.resources
+
+    from rllm.integrations.verl.train import CONFIG_DIR
+
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert '"rllm.integrations.verl" = ["config/*.yaml"]' in pyproject and '"rag" = ["launch_rag.sh"]' in pyproject
+    assert CONFIG_DIR == Path(str(importlib.resources.files("rllm.integrations.verl") / "config"))
+    assert {p.name for p in CONFIG_DIR.glob("*.yaml")} == {"agent_loops.yaml", f"{CONFIG_NAME}.yaml"}
+    assert (importlib.resources.files("rag") / "launch_rag.sh").is_file()
