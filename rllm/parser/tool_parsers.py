@@ -17,11 +17,12 @@ import json
 import logging
 import re
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Protocol
 
+from rllm.parser.values import DeclaredTypeError, DuplicateKeyError, ToolSchemas, loads_strict, read_declared
 from rllm.types import ToolCall
 
 logger = logging.getLogger(__name__)
@@ -48,15 +49,22 @@ class ToolCallParser(Protocol):
     """Turns raw completion text into a ``ParsedOutput``."""
 
     def parse(
-        self, text: str, *, think_prefilled: bool = False, ids: Callable[[], str] | None = None
+        self,
+        text: str,
+        *,
+        think_prefilled: bool = False,
+        ids: Callable[[], str] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> ParsedOutput: ...
 
 
 class CallIdFactory:
     """Mints call ids ``call_<8 hex>_<n>``: the hex is random per factory, ``n`` counts up from 0.
 
-    Tool results are paired with calls by id, so one episode should share one factory across
-    all its turns; then ids never repeat within the episode's chat history.
+    ``n`` is zero-padded to six digits, so ids sort as strings in the order the calls were made
+    (for a factory's first million calls). Tool results are paired with calls by id, so one
+    episode should share one factory across all its turns; then ids never repeat within the
+    episode's chat history.
     """
 
     def __init__(self, prefix: str = "call") -> None:
@@ -64,7 +72,7 @@ class CallIdFactory:
         self._counter = itertools.count()
 
     def __call__(self) -> str:
-        return f"{self._stem}_{next(self._counter)}"
+        return f"{self._stem}_{next(self._counter):06d}"
 
 
 class _MalformedCall(Exception):
@@ -73,15 +81,6 @@ class _MalformedCall(Exception):
     def __init__(self, message: str, name: str = "") -> None:
         super().__init__(message)
         self.name = name
-
-
-def _reject_constant(token: str) -> Any:
-    raise ValueError(f"{token} is not valid JSON")
-
-
-def _loads_strict(text: str) -> Any:
-    """``json.loads`` that also rejects ``NaN``/``Infinity``, which are not JSON."""
-    return json.loads(text, parse_constant=_reject_constant)
 
 
 def _strip_end_of_turn(text: str) -> str:
@@ -135,19 +134,31 @@ class _TaggedToolParser:
         self._ids: Callable[[], str] = ids if ids is not None else CallIdFactory()
 
     def parse(
-        self, text: str, *, think_prefilled: bool = False, ids: Callable[[], str] | None = None
+        self,
+        text: str,
+        *,
+        think_prefilled: bool = False,
+        ids: Callable[[], str] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> ParsedOutput:
-        """Parse one completion; ``think_prefilled`` means the prompt already opened ``<think>``."""
+        """Parse one completion.
+
+        ``think_prefilled`` means the prompt already opened ``<think>``; ``tools`` are the
+        request's tools (OpenAI format), whose declared parameter types formats with untyped
+        values (Qwen3-Coder) read their arguments by.
+        """
         new_id = ids if ids is not None else self._ids
+        schemas = ToolSchemas(tools)
         segments, reasoning = _split_think(_strip_end_of_turn(text), think_prefilled)
         output = ParsedOutput(content="", reasoning=reasoning)
         pieces: list[str] = []
         for segment in segments:
-            pieces.extend(self._scan_calls(segment, new_id, output))
+            pieces.extend(self._scan_calls(segment, new_id, schemas, output))
         output.content = "".join(pieces).strip()
         return output
 
-    def _scan_calls(self, segment: str, new_id: Callable[[], str], output: ParsedOutput) -> list[str]:
+    def _scan_calls(self, segment: str, new_id: Callable[[], str], schemas: ToolSchemas,
+                    output: ParsedOutput) -> list[str]:
         """Append the segment's calls to ``output`` and return the text around them."""
         pieces: list[str] = []
         pos = 0
@@ -157,17 +168,17 @@ class _TaggedToolParser:
             end = segment.find(_CALL_CLOSE, body_start)
             pos = len(segment) if end < 0 else end + len(_CALL_CLOSE)
             body = segment[body_start:] if end < 0 else segment[body_start:end]
-            call = self._make_call(new_id(), segment[start:pos], body, closed=end >= 0)
+            call = self._make_call(new_id(), segment[start:pos], body, schemas, closed=end >= 0)
             output.tool_calls.append(call)
             if call.error is not None:
                 output.errors.append(f"tool call {call.id}: {call.error}")
         pieces.append(segment[pos:])
         return pieces
 
-    def _make_call(self, call_id: str, block: str, body: str, *, closed: bool) -> ToolCall:
+    def _make_call(self, call_id: str, block: str, body: str, schemas: ToolSchemas, *, closed: bool) -> ToolCall:
         """Build one call, or an errored call holding the raw block when the body is malformed."""
         try:
-            name, arguments, parsed = self._parse_body(body)
+            name, arguments, parsed = self._parse_body(body, schemas)
             if not closed:
                 raise _MalformedCall("unclosed", name)
         except _MalformedCall as bad:
@@ -176,7 +187,7 @@ class _TaggedToolParser:
             return ToolCall(id=call_id, name=bad.name, arguments=block, input=None, error=error)
         return ToolCall(id=call_id, name=name, arguments=arguments, input=parsed)
 
-    def _parse_body(self, body: str) -> tuple[str, str, dict[str, Any]]:
+    def _parse_body(self, body: str, schemas: ToolSchemas) -> tuple[str, str, dict[str, Any]]:
         """Return ``(name, raw arguments, parsed arguments)`` or raise ``_MalformedCall``."""
         raise NotImplementedError
 
@@ -187,12 +198,16 @@ class HermesToolParser(_TaggedToolParser):
     ``arguments`` must be present and be a JSON object, or a JSON string that itself parses to
     an object. The call's raw ``arguments`` is ``json.dumps(obj, ensure_ascii=False)`` for an
     object (the model's exact spacing is not kept, the parsed value is) and the inner string
-    verbatim for a string. Keys other than ``name`` and ``arguments`` are ignored.
+    verbatim for a string. Keys other than ``name`` and ``arguments`` are ignored. A key given
+    twice in any object is an error (JSON parsers would keep the last one silently). JSON values
+    carry their own types, so the request's tool schemas are not needed.
     """
 
-    def _parse_body(self, body: str) -> tuple[str, str, dict[str, Any]]:
+    def _parse_body(self, body: str, schemas: ToolSchemas) -> tuple[str, str, dict[str, Any]]:
         try:
-            call = _loads_strict(body)
+            call = loads_strict(body)
+        except DuplicateKeyError as error:
+            raise _MalformedCall(f"tool call {error}", _name_despite_duplicates(body)) from None
         except ValueError as error:
             raise _MalformedCall(f"tool call is not valid JSON ({error})") from None
         if not isinstance(call, dict):
@@ -208,7 +223,9 @@ class HermesToolParser(_TaggedToolParser):
         if not isinstance(arguments, str):
             raise _MalformedCall('"arguments" must be a JSON object', name)
         try:
-            parsed = _loads_strict(arguments)
+            parsed = loads_strict(arguments)
+        except DuplicateKeyError as error:
+            raise _MalformedCall(f'"arguments" string {error}', name) from None
         except ValueError as error:
             raise _MalformedCall(f'"arguments" string is not valid JSON ({error})', name) from None
         if not isinstance(parsed, dict):
@@ -216,17 +233,32 @@ class HermesToolParser(_TaggedToolParser):
         return name, arguments, parsed
 
 
+def _name_despite_duplicates(body: str) -> str:
+    """The call's ``name`` read as plain JSON parsers read it (last key wins), for an error's record."""
+    try:
+        name = json.loads(body).get("name")
+    except (ValueError, AttributeError):
+        return ""
+    return name if isinstance(name, str) else ""
+
+
 class Qwen3CoderToolParser(_TaggedToolParser):
     """Qwen3-Coder XML calls: ``<function=NAME>`` holding ``<parameter=P>VALUE</parameter>`` items.
 
-    A value loses exactly one leading and one trailing newline; it becomes a JSON number, bool,
-    null, object or array when it parses as one, else stays text (a quoted ``"x"`` stays the
-    literal text with quotes). Conversion is schema-free, so ``"42"`` meant as a string arrives
-    as the number 42. Duplicate parameters, a value containing ``<parameter=`` (an unclosed
-    parameter) and any other text inside the function are errors.
+    A value loses exactly one leading and one trailing newline and is then read by the JSON
+    type(s) the request's tool declares for it (``rllm.parser.values``), as vLLM's and SGLang's
+    parsers do: a ``string`` stays the text as written (``12345``, ``true``, ``null``, ``[1]``
+    included); ``integer``, ``number``, ``boolean`` (``true``/``True``), ``null``
+    (``null``/``None``), ``object`` and ``array`` are parsed, trying a union's non-string types
+    first. Text that fits none of its declared types is an error naming the parameter and type.
+    A parameter with no declared type (no tools given, a tool or parameter the request does not
+    declare, an untyped schema) is read schema-free: a JSON number, bool, null, object or array
+    when it parses as one, else text. Duplicate parameters, repeated keys in a JSON value, a
+    value containing ``<parameter=`` (an unclosed parameter) and any other text inside the
+    function are errors.
     """
 
-    def _parse_body(self, body: str) -> tuple[str, str, dict[str, Any]]:
+    def _parse_body(self, body: str, schemas: ToolSchemas) -> tuple[str, str, dict[str, Any]]:
         text = body.strip()
         head = _FUNCTION_OPEN.match(text)
         if head is None:
@@ -243,19 +275,36 @@ class Qwen3CoderToolParser(_TaggedToolParser):
                 raise _MalformedCall(f"parameter {key!r} is given twice", name)
             if "<parameter=" in raw:
                 raise _MalformedCall(f"parameter {key!r} is not closed before the next one", name)
-            arguments[key] = _parameter_value(raw)
+            try:
+                arguments[key] = _parameter_value(raw, schemas.types(name, key))
+            except DuplicateKeyError as error:
+                raise _MalformedCall(f"parameter {key!r} {error}", name) from None
+            except DeclaredTypeError as error:
+                shown = _strip_newlines(raw)
+                shown = shown if len(shown) <= 80 else shown[:77] + "..."
+                raise _MalformedCall(f"parameter {key!r} must be {error} as {name} declares it, got {shown!r}",
+                                     name) from None
             pos = param.end()
         if inner[pos:].strip():
             raise _MalformedCall(f"unexpected text in <function={name}>: {inner[pos:].strip()[:80]!r}", name)
         return name, json.dumps(arguments, ensure_ascii=False), arguments
 
 
-def _parameter_value(raw: str) -> Any:
-    """Strip one newline each side; keep text unless it parses as a non-string JSON value."""
+def _strip_newlines(raw: str) -> str:
+    """The value as the template wrote it: one newline off each side."""
     value = raw[1:] if raw.startswith("\n") else raw
-    value = value[:-1] if value.endswith("\n") else value
+    return value[:-1] if value.endswith("\n") else value
+
+
+def _parameter_value(raw: str, types: frozenset[str] | None) -> Any:
+    """Read by the declared ``types``; with none, keep text unless it parses as a non-string JSON value."""
+    value = _strip_newlines(raw)
+    if types is not None:
+        return read_declared(value, types)
     try:
-        parsed = _loads_strict(value)
+        parsed = loads_strict(value)
+    except DuplicateKeyError:
+        raise
     except ValueError:
         return value
     return value if isinstance(parsed, str) else parsed

@@ -6,7 +6,10 @@ import json
 import re
 
 import pytest
+from pydantic import BaseModel
+from strands import tool
 
+from rllm.integrations.strands._format import format_tools
 from rllm.parser import (
     CallIdFactory,
     HermesToolParser,
@@ -205,7 +208,7 @@ def test_ids_unique_across_parses_sharing_a_factory() -> None:
     assert len(set(all_ids)) == 3
     stem = all_ids[0].rsplit("_", 1)[0]
     assert re.fullmatch(r"call_[0-9a-f]{8}", stem)
-    assert all_ids == [f"{stem}_0", f"{stem}_1", f"{stem}_2"]
+    assert all_ids == [f"{stem}_000000", f"{stem}_000001", f"{stem}_000002"]
 
 
 def test_default_ids_unique_within_parser_and_distinct_between_factories() -> None:
@@ -311,3 +314,154 @@ def test_tool_calls_are_valid_records() -> None:
     call = out.tool_calls[0]
     assert ToolCall.model_validate_json(call.model_dump_json()) == call
     assert ToolCall.from_arguments(call.id, call.name, call.arguments) == call
+
+
+# ---------------------------------------------------------------- Qwen3-Coder values by the tool's declared types
+class _Pair(BaseModel):
+    x: int
+    y: int
+
+
+@tool
+def lookup(key: str) -> str:
+    """Look a key up."""
+    return key
+
+
+@tool
+def configure(count: int, ratio: float, verbose: bool, options: dict[str, int], tags: list[str],
+              pair: _Pair | None = None, note: str | None = None, limit: int | None = None,
+              either: int | str = 0) -> str:
+    """Configure a run."""
+    return "ok"
+
+
+TOOLS = format_tools([lookup.tool_spec, configure.tool_spec])  # the request's tools, as engines receive them
+
+
+def _coder_call(name: str, **parameters: str) -> str:
+    """A Qwen3-Coder call with each value written as raw text, the way the template writes it."""
+    body = "".join(f"<parameter={key}>\n{value}\n</parameter>\n" for key, value in parameters.items())
+    return f"<tool_call>\n<function={name}>\n{body}</function>\n</tool_call>"
+
+
+@pytest.mark.parametrize("text", ["12345", "true", "null", "[1]", '{"a": 1}', "-0.5"])
+def test_qwen3_coder_string_parameter_that_looks_like_json_stays_text(text: str) -> None:
+    out = get_tool_parser("qwen3_coder").parse(_coder_call("lookup", key=text), tools=TOOLS)
+    call = out.tool_calls[0]
+    assert (call.error, call.input) == (None, {"key": text})
+    assert json.loads(call.arguments) == {"key": text}
+
+
+def test_qwen3_coder_declared_types_are_parsed() -> None:
+    text = _coder_call("configure", count="3", ratio="2.5", verbose="True", options='{"a": 1, "b": 2}',
+                       tags='["x", "12"]', pair='{"x": 1, "y": 2}', note="None", limit="null", either="7")
+    out = get_tool_parser("qwen3_coder").parse(text, tools=TOOLS)
+    assert out.errors == []
+    assert out.tool_calls[0].input == {"count": 3, "ratio": 2.5, "verbose": True, "options": {"a": 1, "b": 2},
+                                       "tags": ["x", "12"], "pair": {"x": 1, "y": 2}, "note": None, "limit": None,
+                                       "either": 7}
+    # A union with string keeps text that fits none of its other types; a whole-number float is an integer.
+    out = get_tool_parser("qwen3_coder").parse(
+        _coder_call("configure", count="4.0", ratio="1", verbose="false", note="null", either="seven"), tools=TOOLS)
+    assert out.tool_calls[0].input == {"count": 4, "ratio": 1, "verbose": False, "note": None, "either": "seven"}
+
+
+@pytest.mark.parametrize(
+    ("parameter", "text", "error"),
+    [
+        ("count", "three", "parameter 'count' must be integer as configure declares it, got 'three'"),
+        ("count", "1.5", "parameter 'count' must be integer as configure declares it, got '1.5'"),
+        ("ratio", "1,5", "parameter 'ratio' must be number as configure declares it, got '1,5'"),
+        ("verbose", "yes", "parameter 'verbose' must be boolean as configure declares it, got 'yes'"),
+        ("options", "[1]", "parameter 'options' must be object as configure declares it, got '[1]'"),
+        ("tags", "x", "parameter 'tags' must be array as configure declares it, got 'x'"),
+        ("limit", "none at all", "parameter 'limit' must be integer or null as configure declares it, got 'none at all'"),
+        ("pair", "(1, 2)", "parameter 'pair' must be object or null as configure declares it, got '(1, 2)'"),
+        ("count", "NaN", "parameter 'count' must be integer as configure declares it, got 'NaN'"),
+    ],
+)
+def test_qwen3_coder_value_that_does_not_fit_its_declared_type_is_an_error(parameter: str, text: str, error: str) -> None:
+    block = _coder_call("configure", **{parameter: text})
+    out = get_tool_parser("qwen3_coder").parse(f"Configuring.\n{block}", tools=TOOLS)
+    call = out.tool_calls[0]
+    assert (call.name, call.error, call.input, call.arguments) == ("configure", error, None, block)
+    assert out.errors == [f"tool call {call.id}: {error}"]
+    assert out.content == "Configuring."
+
+
+def test_qwen3_coder_without_a_schema_keeps_schema_free_conversion() -> None:
+    parser = get_tool_parser("qwen3_coder")
+    expected = {"key": 12345, "flag": True, "none": None, "items": [1], "text": "box 7"}
+    values = {"key": "12345", "flag": "true", "none": "null", "items": "[1]", "text": "box 7"}
+    assert parser.parse(_coder_call("lookup", **values)).tool_calls[0].input == expected  # no tools given
+    assert parser.parse(_coder_call("unknown", **values), tools=TOOLS).tool_calls[0].input == expected  # undeclared tool
+    untyped = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}},
+               {"type": "function", "function": {"name": "anything", "parameters": {
+                   "type": "object", "properties": {"key": {"description": "no type"}, "flag": {}}}}}]
+    assert parser.parse(_coder_call("lookup", **values), tools=untyped).tool_calls[0].input == expected
+    assert parser.parse(_coder_call("anything", **values), tools=untyped).tool_calls[0].input == expected
+    # A parameter the tool does not declare is read schema-free too, beside a declared one.
+    out = parser.parse(_coder_call("lookup", key="12345", extra="12345"), tools=TOOLS)
+    assert out.tool_calls[0].input == {"key": "12345", "extra": 12345}
+
+
+def test_qwen3_coder_reads_type_lists_unions_enums_and_refs_in_raw_schemas() -> None:
+    properties = {
+        "listed": {"type": ["integer", "null"]},
+        "one_of": {"oneOf": [{"type": "boolean"}, {"type": "array", "items": {"type": "string"}}]},
+        "enum": {"enum": [1, 2, 3]},
+        "const": {"const": "12"},
+        "ref": {"$ref": "#/$defs/Point"},
+        "all_of": {"allOf": [{"$ref": "#/definitions/Count"}, {"description": "how many"}]},
+    }
+    tools = [{"type": "function", "function": {"name": "raw", "parameters": {
+        "type": "object", "properties": properties,
+        "$defs": {"Point": {"type": "object"}}, "definitions": {"Count": {"type": "integer"}}}}}]
+    text = _coder_call("raw", listed="None", one_of='["a"]', enum="2", const="12", ref='{"x": 1}', all_of="5")
+    out = get_tool_parser("qwen3_coder").parse(text, tools=tools)
+    assert out.tool_calls[0].input == {"listed": None, "one_of": ["a"], "enum": 2, "const": "12", "ref": {"x": 1},
+                                       "all_of": 5}
+    out = get_tool_parser("qwen3_coder").parse(_coder_call("raw", one_of="maybe"), tools=tools)
+    assert out.tool_calls[0].error == "parameter 'one_of' must be boolean or array as raw declares it, got 'maybe'"
+
+
+# ---------------------------------------------------------------- duplicate JSON keys
+@pytest.mark.parametrize(
+    ("body", "name", "error"),
+    [
+        ('{"name": "f", "arguments": {"a": 1, "a": 2}}', "f", "tool call gives the JSON key 'a' twice"),
+        ('{"name": "f", "arguments": {"a": {"b": [{"c": 1, "c": 1}]}}}', "f", "tool call gives the JSON key 'c' twice"),
+        ('{"name": "f", "name": "g", "arguments": {}}', "g", "tool call gives the JSON key 'name' twice"),
+        ('{"name": "f", "arguments": "{\\"a\\": 1, \\"a\\": 2}"}', "f", "\"arguments\" string gives the JSON key 'a' twice"),
+    ],
+)
+def test_hermes_duplicate_json_keys_are_an_error(body: str, name: str, error: str) -> None:
+    block = f"<tool_call>\n{body}\n</tool_call>"
+    out = HermesToolParser().parse(block)
+    call = out.tool_calls[0]
+    assert (call.name, call.error, call.input, call.arguments) == (name, error, None, block)
+    assert out.errors == [f"tool call {call.id}: {error}"]
+
+
+def test_qwen3_coder_duplicate_json_keys_in_a_value_are_an_error() -> None:
+    parser = get_tool_parser("qwen3_coder")
+    text = _coder_call("configure", options='{"a": 1, "a": 2}')
+    assert parser.parse(text, tools=TOOLS).tool_calls[0].error == "parameter 'options' gives the JSON key 'a' twice"
+    assert parser.parse(text).tool_calls[0].error == "parameter 'options' gives the JSON key 'a' twice"  # schema-free
+    # A declared string is never read as JSON, so its text may hold anything.
+    text = _coder_call("lookup", key='{"a": 1, "a": 2}')
+    assert parser.parse(text, tools=TOOLS).tool_calls[0].input == {"key": '{"a": 1, "a": 2}'}
+
+
+# ---------------------------------------------------------------- call ids in call order
+@pytest.mark.parametrize("name", ["hermes", "qwen3_coder"])
+def test_call_ids_sort_in_call_order(name: str) -> None:
+    calls = {"hermes": '<tool_call>{{"name": "f", "arguments": {{"n": {n}}}}}</tool_call>',
+             "qwen3_coder": "<tool_call>\n<function=f>\n<parameter=n>\n{n}\n</parameter>\n</function>\n</tool_call>"}
+    ids = CallIdFactory()
+    first = get_tool_parser(name).parse("".join(calls[name].format(n=n) for n in range(12)), ids=ids)
+    second = get_tool_parser(name).parse(calls[name].format(n=12), ids=ids)
+    out = first.tool_calls + second.tool_calls
+    assert [c.input for c in out] == [{"n": n} for n in range(13)]
+    assert sorted(c.id for c in out) == [c.id for c in out]
