@@ -119,7 +119,8 @@ class TokenEngine(abc.ABC):
         output = await self._generate(prompt_ids, max_new, params, session)
         trace.add_sampled(output.token_ids, output.logprobs)
         text = self.tokenizer.decode(output.token_ids, skip_special_tokens=False)
-        parsed = self.parser.parse(text, think_prefilled=self.renderer.probe.think_prefilled, ids=session.call_ids)
+        parsed = self.parser.parse(text, think_prefilled=self.renderer.probe.think_prefilled, ids=session.call_ids,
+                                   tools=tools)
         finish = output.finish_reason
         if finish == "stop" and parsed.tool_calls:
             finish = "tool_calls"
