@@ -1,12 +1,14 @@
 """The errors rllm raises, in one place, typed by who is to blame.
 
-Three kinds matter to whoever runs rollouts:
+The kinds that matter to whoever runs rollouts:
 
 * ``InfrastructureError``: something the policy did not cause failed (the engine is unreachable or
   throttled, a tool's own backend is down). Such a rollout is retried, masked in training and
   reported apart from wrong answers, never scored as the policy's mistake.
 * ``ConfigurationError``: the run is set up wrongly (a tool backend rejects its credentials).
   Never masked: every rollout would fail the same way, so it must stop the run.
+* ``ToolAccessDeniedError``: a tool refused what the policy asked for (a path outside its work
+  dir, a private address). The policy's doing: the model reads the error and carries on.
 * Anything else that ends a rollout unexpectedly is a bug. ``AgentWorkflowEngine`` keeps its
   episode and stops with ``SystemicFailureError`` once the same error has ended several rollouts;
   it stops with ``InfrastructureFailureRateError`` when too many rollouts fail on infrastructure.
@@ -149,6 +151,29 @@ class TokenTraceError(TokenDataError):
 
 class HistoryNotAppendOnlyError(TokenDataError):
     """The conversation changed other than by appending (trimmed, rewritten): the trace would lie."""
+
+
+# ---- tools (rllm/tools/): a sandbox that cannot run is the run's setup; a refused path or address is the policy's
+
+
+class SandboxUnavailableError(ConfigurationError, RuntimeError):
+    """``python_exec`` was asked for an OS sandbox that this machine cannot provide.
+
+    Every rollout would hit it, so raised inside an agent it stops the run: install bubblewrap, or
+    opt in to the guard alone.
+    """
+
+
+class ToolAccessDeniedError(RLLMError, PermissionError):
+    """A tool refused to reach what the policy asked for: the policy's doing, shown to the model, never masked."""
+
+
+class PathOutsideWorkDirError(ToolAccessDeniedError):
+    """A path leads (through ``..`` or symlinks) outside the tool's work dir."""
+
+
+class BlockedDestinationError(ToolAccessDeniedError):
+    """A URL's host resolves to an address ``http_request`` does not reach (private, loopback, ...)."""
 
 
 def exception_chain(error: BaseException, *, implicit: bool = True) -> list[BaseException]:

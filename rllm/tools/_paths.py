@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from rllm.errors import PathOutsideWorkDirError
 
-class PathOutsideWorkDirError(PermissionError):
-    """The path resolves (after ``..`` and symlinks) to a place outside the work dir."""
+__all__ = ["PathOutsideWorkDirError", "resolve_inside"]
 
 
 def resolve_inside(work_dir: Path, path: str) -> Path:

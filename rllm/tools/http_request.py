@@ -28,16 +28,17 @@ from typing import Any
 import httpx
 from strands import tool
 
+from rllm.errors import BlockedDestinationError
+
+__all__ = ["BlockedDestinationError", "fetch_url", "html_to_text", "make_http_request_tool", "parse_networks",
+           "resolve_public"]
+
 _USER_AGENT = "rllm-agent/0.1 (+https://github.com/rllm-org/rllm)"
 _MAX_REDIRECTS = 5
 _REDIRECT_STATUSES = {301, 302, 303, 307, 308}
 _CREDENTIAL_HEADERS = {"authorization", "cookie", "proxy-authorization"}
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
-
-
-class BlockedDestinationError(PermissionError):
-    """The URL's host resolves to an address ``http_request`` does not reach (private, loopback, ...)."""
 
 
 def _embedded_ipv4(address: IPAddress) -> list[IPAddress]:

@@ -10,7 +10,8 @@ directory set to the work dir. ``sandbox`` picks the isolation:
   are ``/usr``, the Python installation and a few ``/etc`` files (all read-only), a fresh
   ``/proc``, ``/dev`` and ``/tmp``, and the work dir, its only writable path. No network unless
   ``allow_network``. When bwrap is missing or cannot create namespaces here, the call raises
-  ``SandboxUnavailableError`` naming what to install.
+  ``SandboxUnavailableError`` naming what to install (a ``ConfigurationError``: inside an agent
+  it stops the run, since every rollout would hit it).
 * ``"auto"``: bwrap where it works, otherwise the guard alone, with a warning (an explicit opt-in
   to running without an OS sandbox).
 * ``"guard"``: the audit-hook guard alone (``_sandbox_guard.py``), an explicit opt-in: a guard
@@ -44,7 +45,11 @@ from typing import Any, Literal
 
 from strands import tool
 
+from rllm.errors import SandboxUnavailableError
 from rllm.tools._bwrap import INSTALL_HINT, bwrap_argv, bwrap_problem, find_bwrap
+
+__all__ = ["SANDBOX_MODES", "SandboxMode", "SandboxUnavailableError", "describe_isolation", "make_python_exec_tool",
+           "resolve_sandbox", "run_python", "sandbox_problem"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,10 +59,6 @@ _GUARD = Path(__file__).with_name("_sandbox_guard.py")
 _SYSTEM_READ_PATHS = ("/dev/null", "/dev/urandom", "/dev/random", "/dev/zero", "/etc/localtime",
                       "/etc/mime.types", "/etc/ssl", "/usr/share/zoneinfo", "/proc/self", "/proc/cpuinfo",
                       "/proc/meminfo", "/sys/devices/system/cpu")
-
-
-class SandboxUnavailableError(RuntimeError):
-    """``python_exec`` was asked for an OS sandbox that this machine cannot provide."""
 
 
 def _python_install_paths() -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dis
 import importlib.util
+import json
 import logging
 import sys
 from pathlib import Path
@@ -11,8 +12,14 @@ from types import CodeType
 
 import pytest
 
+from rllm import errors
+from rllm.engine.rollout import OpenAIEngine
+from rllm.integrations.strands import RLLMModel, StrandsAgent
+from rllm.testing.scripted_server import ScriptedReply, ScriptedToolCall
 from rllm.tools import SandboxUnavailableError, describe_isolation, gaia_tools, resolve_sandbox, run_python
+from rllm.tools import python_exec as python_exec_module
 from rllm.tools.python_exec import sandbox_problem
+from rllm.types import TerminationReason
 
 _NO_BWRAP = sandbox_problem()
 needs_bwrap = pytest.mark.skipif(_NO_BWRAP is not None, reason=f"no bubblewrap sandbox on this machine: {_NO_BWRAP}")
@@ -75,6 +82,25 @@ async def test_the_tool_set_passes_the_mode_on(tmp_path: Path, broken_bwrap: str
         await python_exec(code="print(1)")
     guarded = gaia_tools(tmp_path, include_http=False, python_sandbox="guard")[-1]
     assert await guarded(code="print(1)") == "exit code 0\n--- stdout ---\n1"
+
+
+async def test_an_agent_whose_sandbox_cannot_run_stops_the_run(tmp_path: Path, broken_bwrap: str, serve) -> None:
+    """Every rollout would hit it: a configuration error, raised after its tool round, not the policy's mistake."""
+
+    def script(body: dict) -> ScriptedReply:
+        if not any(m["role"] == "tool" for m in body["messages"]):
+            return ScriptedReply(tool_calls=[ScriptedToolCall("python_exec", json.dumps({"code": "print(1)"}))])
+        return ScriptedReply(content="done")
+
+    server = serve(script)
+    agent = StrandsAgent(RLLMModel(OpenAIEngine(model="scripted", base_url=server.base_url, max_retries=0)),
+                         tools=gaia_tools(tmp_path, include_http=False))
+    with pytest.raises(errors.ConfigurationError, match="apt-get install bubblewrap") as stopped:
+        await agent.invoke_async("Compute it.")
+    assert isinstance(stopped.value, SandboxUnavailableError)
+    assert agent.termination_reason is TerminationReason.ERROR and len(server.requests) == 1
+    assert python_exec_module.SandboxUnavailableError is errors.SandboxUnavailableError  # the old import name
+    assert isinstance(stopped.value, RuntimeError)  # what it derived from before
 
 
 @needs_bwrap
