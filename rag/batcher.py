@@ -24,6 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from rag.errors import Overloaded
+
 logger = logging.getLogger(__name__)
 
 Results = list[dict[str, Any]]
@@ -44,19 +46,12 @@ def _to_json(value: Any) -> bytes:
     return pydantic_core.to_json(value)
 
 
-class Overloaded(Exception):
-    """The queue cannot take the request; the caller should answer 503 with ``Retry-After``."""
-
-    def __init__(self, waiting: int, limit: int, retry_after: int) -> None:
-        super().__init__(f"retrieval queue is full ({waiting} queries waiting, limit {limit}); "
-                         f"retry after {retry_after} s")
-        self.retry_after = retry_after
-
-
 @dataclass
 class _Item:
-    """One query to compute and every caller waiting for it (each with its own future, so one caller
-    giving up cancels only its own wait)."""
+    """One query to compute and every caller waiting for it.
+
+    Each caller waits on its own future, so one caller giving up cancels only its own wait.
+    """
 
     query: str
     top_k: int

@@ -22,8 +22,8 @@ from typing import Any
 
 import httpx
 
+from rag.errors import RetrievalAuthError, RetrievalError, RetrievalUnavailableError
 from rllm.retry import PerLoop, backoff_retrying
-from rllm.errors import ConfigurationError, RLLMError, ToolBackendError
 
 logger = logging.getLogger(__name__)
 
@@ -33,29 +33,11 @@ TOKEN_ENV = "RETRIEVAL_TOKEN"
 """The environment variable holding the retrieval server's bearer token, on both sides."""
 
 
-class RetrievalError(RLLMError):
-    """A search that failed; ``str(error)`` is a sentence a person (or a model) can act on.
-
-    Raised as such for a request the server rejected as invalid (a 4xx other than 401/403).
-    """
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class RetrievalUnavailableError(RetrievalError, ToolBackendError):
-    """The server was unreachable, timed out, answered 5xx after every retry, or sent garbage."""
-
-
-class RetrievalAuthError(RetrievalError, ConfigurationError):
-    """The server refused the client's token (HTTP 401/403): a configuration error, not the policy's."""
-
-
 class _Retryable(Exception):
     def __init__(self, response: httpx.Response) -> None:
         super().__init__(f"HTTP {response.status_code}: {_detail(response)}")
         self.status = response.status_code
+        self.retry_after: float | None
         try:
             self.retry_after = float(response.headers.get("retry-after", ""))
         except ValueError:

@@ -312,12 +312,18 @@ class Encoder:
     def dim(self) -> int:
         """Embedding dimension."""
         get = getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension
-        return int(get())
+        dim = get()
+        if dim is None:
+            raise ValueError(f"encoder {self.name!r} does not say its embedding dimension (no pooling module?)")
+        return int(dim)
 
     @property
     def max_seq_length(self) -> int:
         """Token limit per text."""
-        return int(self._model.max_seq_length)
+        limit = self._model.max_seq_length
+        if limit is None:
+            raise ValueError(f"encoder {self.name!r} has no max_seq_length; give one in the manifest")
+        return int(limit)
 
     def _encode(self, texts: list[str], batch_size: int) -> np.ndarray:
         # One call per replica at a time (its tokenizer is not thread-safe); with one replica calls take turns.

@@ -26,8 +26,11 @@ def available_cpus() -> int:
 
 
 def default_workers(device: str) -> int:
-    """Search threads by default: two on a CPU with two or more cores (two single-threaded forwards
-    beat one two-threaded forward there, see rag/README.md), one on a GPU (its kernels queue anyway)."""
+    """Search threads by default: two on a CPU with two or more cores, one on a GPU.
+
+    On CPU two single-threaded forwards beat one two-threaded forward (see rag/README.md); on a GPU
+    its kernels queue anyway.
+    """
     return min(2, available_cpus()) if device == "cpu" else 1
 
 

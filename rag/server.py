@@ -20,7 +20,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from typing import Annotated, Any, Protocol
+from typing import Annotated, Any, Literal, Protocol
 
 import pydantic_core
 from fastapi import FastAPI, Request
@@ -28,10 +28,11 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import AfterValidator, BaseModel, StrictInt, StrictStr, ValidationError, ValidationInfo
 from pydantic_core import PydanticCustomError
 
-from rag.batcher import Answer, Batcher, Overloaded
+from rag.batcher import Answer, Batcher
 from rag.client import TOKEN_ENV
+from rag.errors import HttpConfigError, Overloaded
 from rag.metrics import ServerMetrics
-from rag.serving import HttpConfigError, HttpLimits, granian_available, serve
+from rag.serving import HttpLimits, granian_available, serve
 
 logger = logging.getLogger(__name__)
 
@@ -274,9 +275,12 @@ class RetrievalApp:
             if body_done:  # after the body only a disconnect can come: no deadline for that wait
                 return await receive()
             try:
-                async with asyncio.timeout_at(deadline):
-                    message = await receive()
-            except TimeoutError:
+                if sys.version_info >= (3, 11):
+                    async with asyncio.timeout_at(deadline):
+                        message = await receive()
+                else:  # Python 3.10 has no asyncio.timeout_at
+                    message = await asyncio.wait_for(receive(), max(0.0, deadline - asyncio.get_running_loop().time()))
+            except (TimeoutError, asyncio.TimeoutError):
                 raise _BodyTimeout from None
             seen += len(message.get("body", b""))
             if seen > limit:
@@ -529,7 +533,8 @@ def main(argv: list[str] | None = None) -> None:
                            shard=not args.replicate, fp16=not args.no_fp16, temp_memory_mb=args.temp_memory_mb,
                            nprobe=args.nprobe, ef_search=args.ef_search, threads=args.threads,
                            search_backend=args.search_backend, torch_chunk_mb=args.torch_chunk_mb)
-    query_batch_size = "auto" if args.query_batch_size is None else args.query_batch_size or None
+    query_batch_size: int | None | Literal["auto"] = (
+        "auto" if args.query_batch_size is None else args.query_batch_size or None)
 
     def load() -> Retriever:
         retriever = Retriever.load(args.index_dir, options, threads=args.threads, mmap_index=args.mmap_index,

@@ -23,6 +23,8 @@ import signal
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from rag.errors import HttpConfigError
+
 logger = logging.getLogger(__name__)
 
 HttpServer = Literal["granian", "uvicorn"]
@@ -30,10 +32,6 @@ HttpServer = Literal["granian", "uvicorn"]
 # hyper refuses a read buffer below 8 KiB, and granian caps the header timeout at 60 s.
 _MIN_HEADER_BYTES = 8192
 _MAX_HEADER_TIMEOUT = 60.0
-
-
-class HttpConfigError(ValueError):
-    """A limit outside what the HTTP server accepts."""
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """An in-process retrieval server on 127.0.0.1 for tests, demos and notebooks.
 
-    retriever = Retriever.load(build_demo_index(tmp_dir, limit=300)) ...
-    with RetrievalServer(retriever) as server:
+Serve a real index and talk to it over HTTP:
+
+    with RetrievalServer(Retriever.load(demo_index(tmp_dir))) as server:
         client = RetrievalClient(server.base_url)
 """
 

@@ -15,15 +15,12 @@ from typing import Any
 
 import numpy as np
 
+from rag.errors import TorchSearchError
 from rag.manifest import Metric
 
 logger = logging.getLogger(__name__)
 
 _ROWS_PER_COPY = 1 << 18  # host -> device copies in slices, so building a shard never needs a second full copy
-
-
-class TorchSearchError(ValueError):
-    """Vectors, devices or a query batch that the torch search cannot take."""
 
 
 class _Shard:
@@ -108,6 +105,7 @@ class TorchFlatIndex:
         if self.metric == "ip":
             top, idx = torch.topk(scores, k, dim=1, largest=True, sorted=True)
         else:  # |q|^2 + |x|^2 - 2 q.x, computed in float32
+            assert shard.norms is not None  # every L2 shard keeps its norms
             dist = q.float().pow(2).sum(1, keepdim=True) + shard.norms.unsqueeze(0) - 2 * scores
             top, idx = torch.topk(dist, k, dim=1, largest=False, sorted=True)
         return top.cpu(), idx.cpu() + shard.offset

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from rag.batcher import Batcher, Overloaded
+from rag.batcher import Batcher
+from rag.errors import Overloaded
 
 
 class GatedCompute:

@@ -15,16 +15,8 @@ from typing import Any
 
 import pytest
 
-from rag.client import (
-    RetrievalAuthError,
-    RetrievalClient,
-    RetrievalError,
-    RetrievalUnavailableError,
-    check_health,
-    check_search,
-    format_passages,
-    make_local_search_tool,
-)
+from rag.client import RetrievalClient, check_health, check_search, format_passages, make_local_search_tool
+from rag.errors import RetrievalAuthError, RetrievalError, RetrievalUnavailableError
 from rag.retriever import Retriever
 from rag.server import ServerSettings
 from rag.testing import RetrievalServer, SlowRetriever, demo_index

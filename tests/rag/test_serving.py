@@ -20,7 +20,8 @@ import httpx
 import psutil
 import pytest
 
-from rag.serving import HttpConfigError, HttpLimits, granian_available
+from rag.errors import HttpConfigError
+from rag.serving import HttpLimits, granian_available
 from rag.testing import demo_index
 from rllm.errors import ServerStartError
 from rllm.processes import ServerProcess, free_port, log_tail

@@ -10,8 +10,9 @@ import pytest
 faiss = pytest.importorskip("faiss")
 torch = pytest.importorskip("torch")
 
+from rag.errors import TorchSearchError  # noqa: E402
 from rag.index import IndexOptions, load_index, new_index  # noqa: E402
-from rag.torch_search import TorchFlatIndex, TorchSearchError, from_faiss  # noqa: E402
+from rag.torch_search import TorchFlatIndex, from_faiss  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 
