@@ -7,6 +7,7 @@ whatever a model can plant or swap in its work dir must not lead ``file_read`` o
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 import time
@@ -16,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from rllm.errors import PathOutsideWorkDirError, RLLMError
-from rllm.tools import make_file_read_tool, read_file_text
+from rllm.tools import make_file_read_tool, read_file_text, run_python
+from rllm.tools.python_exec import sandbox_problem
 
 CANARY = "canary-outside-the-work-dir-5d1e"
 _RACE_SECONDS = 3.0
@@ -80,6 +82,45 @@ def test_a_path_swapped_for_a_symlink_while_reading_never_leads_outside(
             outcomes[kind] = outcomes.get(kind, 0) + 1
     assert flipper.flips > 100 and outcomes.get("inside", 0) > 0, outcomes  # it really raced, and reads got through
     assert sorted(p.name for p in layout.parent.iterdir()) == ["outside", "work"]
+
+
+# Model code in python_exec (the real sandbox where it runs here) swaps which directory is called
+# ``x``: ``xa/l -> ../..`` leads to the work dir's parent, ``xb/l -> ..`` to the work dir itself.
+_FLIP_IN_PYTHON_EXEC = r'''
+import os, time
+os.makedirs('p/xa'); os.symlink('../..', 'p/xa/l'); os.rename('p/xa', 'xa')
+os.makedirs('xb'); os.symlink('..', 'xb/l')
+open('secret.txt', 'w').write('inside secret')
+flips, end = 0, time.time() + SECONDS
+while time.time() < end:
+    os.rename('xa', 'x'); os.rename('x', 'xa'); os.rename('xb', 'x'); os.rename('x', 'xb')
+    flips += 1
+print(flips)
+'''
+
+
+async def test_links_swapped_by_code_in_python_exec_never_lead_file_read_outside(layout: Path) -> None:
+    (layout.parent / "secret.txt").write_text(CANARY)
+    sandbox = "bwrap" if sandbox_problem() is None else "guard"
+    code = _FLIP_IN_PYTHON_EXEC.replace("SECONDS", str(_RACE_SECONDS))
+    flipping = asyncio.create_task(run_python(code, layout, timeout=_RACE_SECONDS + 15, sandbox=sandbox))
+    file_read = make_file_read_tool(layout)
+
+    def read_while_flipping() -> list[str]:
+        results: list[str] = []
+        deadline = time.monotonic() + _RACE_SECONDS + 10
+        while not (layout / "xb").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        while not flipping.done() and time.monotonic() < deadline:
+            results.append(file_read(path="x/l/secret.txt"))
+        return results
+
+    results = await asyncio.to_thread(read_while_flipping)
+    flipped = await flipping
+    leaked = [r for r in results if CANARY in r]
+    assert not leaked, f"file_read returned the file outside the work dir {len(leaked)} times of {len(results)}"
+    assert flipped.startswith("exit code 0") and int(flipped.split()[-1]) > 100, flipped
+    assert "inside secret" in results  # reads got through while it flipped
 
 
 def test_symlinks_that_stay_inside_are_followed_and_those_that_leave_are_refused(layout: Path) -> None:

