@@ -33,6 +33,10 @@ class SetupError(ConfigurationError):
     """A problem the user must fix before a run starts (no model, no retrieval server); shown as a message."""
 
 
+class PromptTooLongError(ConfigurationError, ValueError):
+    """A rollout's first prompt is longer than the trainer's ``prompt_length``: a data or config error."""
+
+
 class ModelUnreachableError(SetupError):
     """A hub model could not be fetched (no hub access) and is not cached; ``why`` says what failed."""
 
@@ -174,6 +178,18 @@ class PathOutsideWorkDirError(ToolAccessDeniedError):
 
 class BlockedDestinationError(ToolAccessDeniedError):
     """A URL's host resolves to an address ``http_request`` does not reach (private, loopback, ...)."""
+
+
+# ---- trace capture (rllm/tracing/): a proxy that cannot start is the run's setup; a store that cannot write is
+# infrastructure
+
+
+class ProxyError(ConfigurationError, RuntimeError):
+    """The trace proxy cannot run: its environment is not installed, or it did not start (its log says why)."""
+
+
+class StoreWriteError(InfrastructureError, RuntimeError):
+    """Traces could not be written to the trace store after every retry (disk full, database locked)."""
 
 
 def exception_chain(error: BaseException, *, implicit: bool = True) -> list[BaseException]:

@@ -1,7 +1,7 @@
 """Rollouts/s of the embedded ``TransformersEngine``: continuous batching against one request at a time.
 
 Each rollout is a real Strands agent episode through the project's runner
-(``rllm.training.rollouts.run_rollout``: ``build_agent``, ``RLLMModel``, ``read_rollout``) on the
+(``rllm.training.local.run_rollouts``: ``build_agent``, ``RLLMModel``, ``run_rollout``) on the
 two-hop lookup task of the learning proof, with its ``lookup`` tool. The model is a random-init
 Qwen3 (default hidden 256, 4 layers, as the learning proof) that samples every call (seeded,
 temperature 1, ``--max-tokens`` per call). Random weights never write a tool call, so each
@@ -40,7 +40,7 @@ import torch
 from rllm.agents.lookup import LOOKUP_SYSTEM_PROMPT, LookupWorld, lookup_tools
 from rllm.engine.rollout.transformers_engine import TransformersEngine
 from rllm.integrations.strands import Budget
-from rllm.training.rollouts import Rollout, RolloutRequest, run_rollouts
+from rllm.training.local.rollouts import Rollout, RolloutRequest, run_rollouts
 from rllm.types import ModelOutput, TerminationReason, ToolCall
 
 logger = logging.getLogger("bench_transformers_engine")

@@ -4,7 +4,7 @@
     python scripts/learning_proof.py --device cuda --out runs/proof-gpu     # GPU: Qwen's real tokenizer
 
 Writes DIR/metrics.jsonl (one line per step), DIR/summary.json and DIR/learning_curve.png, and exits
-1 when the proof fails (see rllm.training.proof for what it checks).
+1 when the proof fails (see rllm.training.local.proof for what it checks).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from rllm.training.proof import VOCABS, LearningProof, ProofConfig, plot_learning_curve
+from rllm.training.local.proof import VOCABS, LearningProof, ProofConfig, plot_learning_curve
 
 logger = logging.getLogger("learning_proof")
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from rllm.agents.search import search_verl_rows
 from rllm.data import hf_to_hotpotqa, hotpotqa_paragraphs, load_hotpotqa
-from rllm.integrations.verl.rows import write_parquet
+from rllm.data.verl_rows import write_parquet
 
 logger = logging.getLogger("prepare_hotpotqa")
 

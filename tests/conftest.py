@@ -1,4 +1,4 @@
-"""Shared fixtures: scripted OpenAI-compatible servers on 127.0.0.1 and real Strands tools."""
+"""Shared fixtures (scripted OpenAI-compatible servers on 127.0.0.1) and the test summary's note on what was skipped."""
 
 from __future__ import annotations
 
@@ -26,3 +26,18 @@ def serve() -> Iterator[Any]:
     yield _serve
     for server in servers:
         server.stop()
+
+
+BWRAP_SKIP_REASON = "no bubblewrap sandbox on this machine"
+"""The start of every skip reason of a test that needs bubblewrap (``python_exec``'s OS sandbox)."""
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Name the missing system package and how many tests it cost, so a skipped sandbox suite is never silent."""
+    skipped = [r for r in terminalreporter.stats.get("skipped", []) if BWRAP_SKIP_REASON in str(r.longrepr)]
+    if not skipped:
+        return
+    terminalreporter.write_sep("=", "missing system package", yellow=True)
+    terminalreporter.write_line(
+        f"{len(skipped)} sandbox tests skipped: bubblewrap (bwrap) does not run here; install it "
+        "(Debian/Ubuntu: apt-get install bubblewrap) to run python_exec's escape suite", yellow=True)

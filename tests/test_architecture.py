@@ -8,23 +8,27 @@ importing a higher one fails here with the file, the line and both layers named.
 from __future__ import annotations
 
 import ast
+import re
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("core records, tokens and errors", ("rllm.errors", "rllm.retry", "rllm.types", "rllm.tokens", "rllm.parser", "rllm.processes")),
+    ("core records, tokens and errors", ("rllm.errors", "rllm.retry", "rllm.types", "rllm.tokens", "rllm.parser", "rllm.processes", "rllm.secret_options")),
     ("rollout engines", ("rllm.engine",)),
     ("test kit", ("rllm.testing",)),
     ("task pieces: data, rewards, tools, retrieval", ("rllm.data", "rllm.rewards", "rllm.tools", "rag")),
     ("trace capture", ("rllm.tracing",)),
     ("Strands integration", ("rllm.integrations.strands",)),
     ("workflows and the batch runner", ("rllm.workflows",)),
-    ("verl adapter", ("rllm.integrations.verl",)),
     ("agents", ("rllm.agents",)),
-    ("local training", ("rllm.training",)),
+    # rllm.integrations.verl is the deprecated alias of rllm.training.verl, kept for one release.
+    ("training: verl and local", ("rllm.training", "rllm.integrations.verl")),
     ("evaluation", ("rllm.eval",)),
 ]
 """Lowest first. The package files ``rllm/__init__.py`` and ``rllm/integrations/__init__.py`` only name what is inside."""
@@ -99,3 +103,49 @@ def test_the_layer_order_is_the_documented_one() -> None:
     doc = (ROOT / "ARCHITECTURE.md").read_text(encoding="utf-8")
     positions = [doc.index(f"`{prefixes[0].replace('.', '/')}") for _, prefixes in LAYERS]
     assert positions == sorted(positions), "ARCHITECTURE.md lists the layers in another order than LAYERS"
+
+
+_DOTTED = re.compile(r"^(?:pkg://)?((?:rllm|rag)(?:\.\w+)+)(?::\w+)?$")
+
+
+def _strings(node: Any) -> Iterator[str]:
+    if isinstance(node, str):
+        yield node.strip()
+    elif isinstance(node, dict):
+        for value in node.values():
+            yield from _strings(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _strings(value)
+
+
+def _upward_dotted_paths(yaml_text: str, source_module: str) -> list[str]:
+    """Values of a shipped YAML that name a module (``pkg.module:attr``, ``pkg://...``) in a higher layer."""
+    source = _layer(source_module)
+    found = []
+    for value in _strings(yaml.safe_load(yaml_text)):
+        match = _DOTTED.match(value)
+        target = _layer(match.group(1)) if match else None
+        if source is not None and target is not None and target > source:
+            found.append(f"{value} ({LAYERS[target][0]})")
+    return found
+
+
+def test_dotted_paths_in_shipped_yaml_point_down() -> None:
+    """A recipe names tools, scorers and classes by string; those strings obey the layer order too."""
+    files = sorted(p for package in ("rllm", "rag") for p in (ROOT / package).rglob("*.yaml"))
+    assert files, "no shipped YAML found"
+    violations = []
+    for path in files:
+        module = _module_name(path.parent)
+        violations += [f"{path.relative_to(ROOT)} ({LAYERS[_layer(module)][0]}) names {v}"
+                       for v in _upward_dotted_paths(path.read_text(encoding="utf-8"), module)]
+    assert not violations, "dotted paths that point up a layer:\n" + "\n".join(violations)
+
+
+def test_the_yaml_check_sees_a_path_that_points_up() -> None:
+    recipe = "rllm:\n  agent_loop:\n    tool_factory: rllm.agents.search:search_tools\n  note: rllm.agent_loop\n"
+    assert _upward_dotted_paths(recipe, "rllm.training.verl.config") == []
+    assert _upward_dotted_paths(recipe, "rllm.workflows") == ["rllm.agents.search:search_tools (agents)"]
+    assert _upward_dotted_paths("reward:\n  path: pkg://rllm.eval.search\n", "rllm.agents") == [
+        "pkg://rllm.eval.search (evaluation)"]

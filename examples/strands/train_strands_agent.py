@@ -2,13 +2,13 @@
 
     python examples/strands/train_strands_agent.py [--dry-run] [hydra overrides ...]
 
-The recipe is ``rllm/integrations/verl/config/strands_hotpotqa_rloo.yaml`` (package data); the launcher
-lives in ``rllm.integrations.verl.train``.
+The recipe is ``rllm/training/verl/config/strands_hotpotqa_rloo.yaml`` (package data); the launcher
+lives in ``rllm.training.verl.train``.
 """
 
 import sys
 
-from rllm.integrations.verl.train import main
+from rllm.training.verl.train import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -25,7 +25,7 @@ usage() {
 Usage: bash examples/strands/train_strands_agent.sh [--dry-run] [hydra overrides ...]
 
 Trains the Strands search agent on HotpotQA with verl (recipe:
-rllm/integrations/verl/config/strands_hotpotqa_rloo.yaml). Overrides use Hydra syntax, e.g.
+rllm/training/verl/config/strands_hotpotqa_rloo.yaml). Overrides use Hydra syntax, e.g.
   actor_rollout_ref.model.path=/models/Qwen3-4B trainer.logger=[console,file,wandb]
   rllm.agent_loop.timeout_s=900 actor_rollout_ref.rollout.multi_turn.max_assistant_turns=6
 

@@ -19,8 +19,8 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from rllm.data.verl_rows import AGENT_NAME, verl_row
 from rllm.integrations.strands import Budget
-from rllm.integrations.verl.rows import AGENT_NAME, verl_row
 from rllm.rewards.search_reward import RewardSearchFn, normalize_answer
 from rllm.tokens.renderer import content_text
 

@@ -1,23 +1,8 @@
-"""Local training on one machine: rollouts through the verl loop's runner, verl's RLOO math, the learning proof.
+"""Training: verl's own trainer for real runs (``rllm.training.verl``), RLOO on one machine (``rllm.training.local``).
 
-``run_rollouts`` runs Strands agents on a token engine and exports their exact tokens as verl's
-agent loop does; ``pad_rollouts`` lays them out as verl pads them; ``LocalRLOOTrainer`` takes RLOO
-steps with verl's advantage, loss and log-prob functions on the module the engine samples from.
-For proofs, debugging and small models; verl (``rllm.integrations.verl``) is the path for real runs.
+``verl/`` holds the verl agent loop that runs Strands agents (``StrandsAgentLoop``), its manager,
+the reward adapter, the launcher and the shipped recipes (``verl/config/``). ``local/`` holds the
+one-machine RLOO trainer with verl's own math and the learning proof. Both take their rollouts from
+the Strands runner's ``run_rollout``; the verl rows they train on are written by
+``rllm.data.verl_rows``.
 """
-
-from rllm.training.batch import RolloutBatch, pad_rollouts
-from rllm.training.rloo import LocalRLOOTrainer, UpdateMetrics, default_actor_config
-from rllm.training.rollouts import Rollout, RolloutRequest, run_rollout, run_rollouts
-
-__all__ = [
-    "LocalRLOOTrainer",
-    "Rollout",
-    "RolloutBatch",
-    "RolloutRequest",
-    "UpdateMetrics",
-    "default_actor_config",
-    "pad_rollouts",
-    "run_rollout",
-    "run_rollouts",
-]

@@ -43,7 +43,7 @@ from tqdm.auto import tqdm
 
 from rllm.engine.rollout.base import RolloutEngine
 from rllm.errors import InfrastructureFailureRateError, RLLMError, SystemicFailureError
-from rllm.integrations.strands import termination_reason_for
+from rllm.integrations.strands import describe_failure, termination_reason_for
 from rllm.types import Episode, TerminationReason
 from rllm.workflows.base import Workflow
 
@@ -117,10 +117,6 @@ def _rerun(episode: Episode) -> bool:
 def _task_id(task: dict[str, Any], index: int) -> str:
     value = task.get("id") if isinstance(task, dict) else None
     return str(index) if value is None else str(value)
-
-
-def _describe(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}"
 
 
 _NORMALISE = (
@@ -416,7 +412,7 @@ class AgentWorkflowEngine:
                     job.workflow = self._new_instance()
                     self._n_instances += 1
                 except Exception as error:  # noqa: BLE001 - the episode is already recorded
-                    logger.error("could not build a replacement workflow instance: %s", _describe(error))
+                    logger.error("could not build a replacement workflow instance: %s", describe_failure(error))
             reason = episode.termination_reason
             if not reason.is_infrastructure_failure or attempt > self.retry_limit or job.workflow is None:
                 break
@@ -462,11 +458,11 @@ class AgentWorkflowEngine:
 
     def _failed(self, workflow: Workflow, job: _Job, reason: TerminationReason, error: BaseException | str) -> Episode:
         """The workflow's partial episode for a failed run, or a bare one if even that fails."""
-        message = error if isinstance(error, str) else _describe(error)
+        message = error if isinstance(error, str) else describe_failure(error)
         try:
             episode = workflow.failed_episode(job.task, job.uid, reason, message)
         except Exception as inner:  # noqa: BLE001
-            logger.error("%s.failed_episode raised %s", type(workflow).__name__, _describe(inner))
+            logger.error("%s.failed_episode raised %s", type(workflow).__name__, describe_failure(inner))
             episode = Episode(id=job.uid, task=job.task, termination_reason=reason, info={"error": message})
         if isinstance(error, BaseException) and reason is TerminationReason.ERROR:
             episode.info["traceback"] = "".join(traceback.format_exception(error))[-4000:]

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import inspect
 import logging
-import time
 import traceback
 from collections.abc import Callable
 from typing import Any
 
 from rllm.engine.rollout.base import RolloutEngine
 from rllm.integrations.strands import Budget, RLLMModel
-from rllm.integrations.strands.rollout import build_agent, read_rollout, trajectory_metrics
+from rllm.integrations.strands.rollout import build_agent, run_rollout, trajectory_metrics
 from rllm.rewards.base import RewardOutput
 from rllm.types import Episode, TerminationReason
 from rllm.workflows.base import Workflow
@@ -80,37 +79,26 @@ class StrandsWorkflow(Workflow):
         self.agent.reset()
 
     async def run(self, task: dict[str, Any], uid: str) -> Episode:
-        """Run the agent on ``task``; an agent error ends the episode with its typed reason, unscored.
+        """Run the agent on ``task`` (``run_rollout``); a run that did not finish cleanly ends unscored with its reason.
 
         An unexpected error (``ERROR``: a bug, or a tool raising a ``ConfigurationError``) keeps
         its traceback in ``info``; a tool backend failure ends the episode as
         ``TOOL_BACKEND_ERROR``, unscored, with the failure in ``info["error"]``.
         """
-        prompt = self.task_to_prompt(task)
-        started = time.perf_counter()
-        try:
-            await self.agent.invoke_async(prompt)
-        except Exception as error:  # noqa: BLE001 - every failure becomes a typed episode
-            end = read_rollout(self.agent, error)
-            logger.debug("episode %s ended by %s: %s", uid, end.reason.value, error)
+        finished = await run_rollout(self.agent, self.task_to_prompt(task))
+        end = finished.end
+        if finished.error is not None or end.infra_failure:
+            logger.debug("episode %s ended by %s: %s", uid, end.reason.value, end.failure)
             episode = self.failed_episode(task, uid, end.reason, end.failure)
-            if end.reason is TerminationReason.ERROR:
-                episode.info["traceback"] = "".join(traceback.format_exception(error))[-4000:]
-            episode.metrics["latency_s"] = time.perf_counter() - started
+            if end.reason is TerminationReason.ERROR and finished.error is not None:
+                episode.info["traceback"] = "".join(traceback.format_exception(finished.error))[-4000:]
+            episode.metrics.update(finished.metrics)
             return episode
-        latency = time.perf_counter() - started
-        trajectory = self.agent.trajectory
-        end = read_rollout(self.agent)
-        reason = end.reason
-        if end.infra_failure:
-            episode = self.failed_episode(task, uid, reason, end.failure)
-            episode.metrics["latency_s"] = latency
-            return episode
-        answer = end.final_answer
-        info: dict[str, Any] = {"final_answer": answer}
+        trajectory = finished.trajectory
+        info: dict[str, Any] = {"final_answer": end.final_answer}
         reward = RewardOutput(reward=0.0, is_correct=False, metadata={"reason": "no reward function"})
         if self.reward_fn is not None:
-            reward = self.reward_fn(task, answer)
+            reward = self.reward_fn(task, end.final_answer)
             if inspect.isawaitable(reward):
                 reward = await reward
             info["reward"] = reward.metadata
@@ -121,8 +109,8 @@ class StrandsWorkflow(Workflow):
             trajectories=[trajectory],
             reward=reward.reward,
             is_correct=reward.is_correct,
-            termination_reason=reason,
-            metrics={**trajectory_metrics(trajectory), "latency_s": latency},
+            termination_reason=end.reason,
+            metrics=dict(finished.metrics),
             info=info,
         )
 

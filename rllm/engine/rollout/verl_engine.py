@@ -18,7 +18,7 @@ from typing import Any
 
 from rllm.engine.rollout.base import EngineUnavailableError
 from rllm.engine.rollout.token_engine import TokenEngine, TokenOutput, TokenSession
-from rllm.errors import ResponseBudgetExhaustedError
+from rllm.errors import PromptTooLongError, ResponseBudgetExhaustedError
 
 logger = logging.getLogger(__name__)
 
@@ -28,10 +28,6 @@ __all__ = ["PromptTooLongError", "ResponseBudgetExhaustedError", "VerlEngine", "
 # rllm's sampling vocabulary (tool_choice, chat_template_kwargs, ...) has no meaning there.
 _PASS_THROUGH = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "presence_penalty",
                  "frequency_penalty", "repetition_penalty", "logprobs")
-
-
-class PromptTooLongError(ValueError):
-    """The first prompt is longer than the trainer's ``prompt_length``: a data or config error."""
 
 
 @dataclass

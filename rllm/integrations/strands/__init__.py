@@ -1,10 +1,11 @@
 """Strands Agents integration: run an unchanged Strands agent loop and record exact training data."""
 
-from rllm.integrations.strands.agent import StrandsAgent, describe_failure, termination_reason_for
+from rllm.integrations.strands.agent import StrandsAgent
 from rllm.integrations.strands.hooks import Budget, BudgetHook, ToolCallValidator, ToolFailureHook
 from rllm.integrations.strands.model import RLLMModel
 from rllm.integrations.strands.openai_model import NonStreamingOpenAIModel
 from rllm.integrations.strands.recording import ModelCall
+from rllm.integrations.strands.termination import describe_failure, termination_reason_for
 
 __all__ = [
     "Budget",

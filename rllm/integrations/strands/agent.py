@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -13,61 +12,14 @@ from strands.agent.conversation_manager import NullConversationManager
 from strands.hooks import AfterModelCallEvent, BeforeModelCallEvent, HookProvider, HookRegistry, MessageAddedEvent
 from strands.telemetry import EventLoopMetrics
 from strands.types.content import Message
-from strands.types.exceptions import (
-    ContextWindowOverflowException,
-    EventLoopException,
-    MaxTokensReachedException,
-    ModelThrottledException,
-)
 
-from rllm.errors import ContextLengthExceededError, InfrastructureError, ToolBackendError, exception_chain
 from rllm.integrations.strands._format import format_messages, format_tools
 from rllm.integrations.strands.hooks import Budget, BudgetHook, ToolCallValidator, ToolFailureHook
 from rllm.integrations.strands.recording import ModelCall, receive_token_session, take_model_call
+from rllm.integrations.strands.termination import termination_reason_for
 from rllm.types import ModelOutput, Step, TerminationReason, ToolCall, Trajectory
 
 logger = logging.getLogger(__name__)
-
-_STOP_REASONS = {
-    "end_turn": TerminationReason.FINISHED,
-    "tool_use": TerminationReason.FINISHED,
-    "stop_sequence": TerminationReason.FINISHED,
-    "max_tokens": TerminationReason.MAX_TOKENS,
-    "cancelled": TerminationReason.CANCELLED,
-}
-
-
-def termination_reason_for(error: BaseException) -> TerminationReason:
-    """Classify an exception that ended an agent run.
-
-    Typed infrastructure failures (``rllm.errors.InfrastructureError``: the engine unreachable,
-    throttled or aborting, a tool backend down) and timeouts are infrastructure (masked in
-    training); a context overflow or a truncated answer is the policy's own doing. Anything else
-    (a ``TypeError``, a template error, a ``ConfigurationError``) is ``ERROR``: a bug or a
-    misconfiguration, which must never be masked.
-    """
-    if isinstance(error, ContextWindowOverflowException):
-        return TerminationReason.CONTEXT_OVERFLOW
-    if isinstance(error, MaxTokensReachedException):
-        return TerminationReason.MAX_TOKENS
-    if isinstance(error, (asyncio.TimeoutError, TimeoutError)):
-        return TerminationReason.TIMEOUT
-    for cause in exception_chain(error, implicit=False):
-        if isinstance(cause, ContextLengthExceededError):
-            return TerminationReason.CONTEXT_OVERFLOW
-        if isinstance(cause, ToolBackendError):
-            return TerminationReason.TOOL_BACKEND_ERROR
-        if isinstance(cause, (InfrastructureError, ModelThrottledException)):
-            return TerminationReason.ENGINE_ERROR
-    return TerminationReason.ERROR
-
-
-def describe_failure(error: BaseException) -> str:
-    """``"ExceptionType: message"`` of what ended a run, looking through Strands' ``EventLoopException`` wrapper."""
-    while isinstance(error, EventLoopException) and error.__cause__ is not None:
-        error = error.__cause__
-    return f"{type(error).__name__}: {error}"
-
 
 def _output_from_message(message: Message) -> ModelOutput:
     """A ``ModelOutput`` rebuilt from a Strands message, for models that record no ``ModelCall``."""
@@ -250,7 +202,7 @@ class StrandsAgent(Agent):
             return termination_reason_for(self._recorder.last_error)
         if not self.trajectory.steps:
             return None
-        return _STOP_REASONS.get(self.trajectory.steps[-1].stop_reason or "", TerminationReason.ERROR)
+        return termination_reason_for(stop_reason=self.trajectory.steps[-1].stop_reason)
 
     async def stream_async(self, prompt: Any = None, **kwargs: Any) -> AsyncIterator[Any]:
         """``Agent.stream_async`` (which ``invoke_async`` and ``__call__`` run), then a tool's ``ConfigurationError``.

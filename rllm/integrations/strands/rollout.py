@@ -1,25 +1,28 @@
-"""One runner for evaluation and training: how a rollout's agent is built and what a finished rollout says.
+"""One runner for evaluation and training: a rollout's agent is built, run, and turned into what training reads.
 
-``StrandsWorkflow`` (evaluation, batch rollouts) and the verl ``StrandsAgentLoop`` (training) run
-the same agent: both build it with ``build_agent`` and read its end with ``read_rollout`` (the
-termination reason, the failure if there was one, the final answer), so both score the same thing.
-A token engine's exact tokens are the agent's ``trajectory.token_trace`` in both.
+``StrandsWorkflow`` (evaluation, batch rollouts), the verl ``StrandsAgentLoop`` and the local
+trainer all build the agent with ``build_agent`` and run it with ``run_rollout``, which returns a
+``FinishedRollout``: how it ended (``termination_reason_for``, the one classifier), the
+trajectory, the verl fields of a token engine's exact trace cut at the response length, whether
+that cut truncated it, and the metrics. Each consumer keeps only what is its own: the verl loop
+drops or masks, the local trainer raises on infrastructure, the workflow builds the ``Episode``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from strands.models.model import Model
 
 from rllm.engine.rollout.base import RolloutEngine
-from rllm.errors import ResponseBudgetExhaustedError, exception_chain
-from rllm.integrations.strands.agent import StrandsAgent, describe_failure, termination_reason_for
+from rllm.integrations.strands.agent import StrandsAgent
 from rllm.integrations.strands.hooks import Budget
 from rllm.integrations.strands.model import RLLMModel
+from rllm.integrations.strands.termination import describe_failure, termination_reason_for
 from rllm.types import TerminationReason, Trajectory
 
 logger = logging.getLogger(__name__)
@@ -57,45 +60,6 @@ def final_answer_text(trajectory: Trajectory) -> str:
     return last.model_output.text
 
 
-def rollout_termination(agent: StrandsAgent, error: BaseException | None = None) -> TerminationReason:
-    """Why the agent's run ended: ``error`` (what its invocation raised, if anything) classified, else the agent's reason.
-
-    A response budget used up (``ResponseBudgetExhaustedError`` anywhere behind ``error``) is
-    ``MAX_TOKENS``; see ``termination_reason_for`` for the rest.
-    """
-    if error is None:
-        return agent.termination_reason or TerminationReason.ERROR
-    if any(isinstance(cause, ResponseBudgetExhaustedError) for cause in exception_chain(error)):
-        return TerminationReason.MAX_TOKENS
-    return termination_reason_for(error)
-
-
-async def run_token_rollout(agent: StrandsAgent, prompt: Any, *, timeout_s: float | None = None) -> BaseException | None:
-    """Run a token-engine rollout's agent on ``prompt``; what its run raised, when that is an outcome to record.
-
-    A policy outcome (budget, context, response length) or a typed infrastructure failure is
-    returned, for ``read_rollout``; anything else is raised with its cause, since it would end
-    every rollout the same way. A run that stopped before its first model call (no token trace
-    to train on) raises ``RuntimeError``. ``timeout_s`` bounds the run (``asyncio.TimeoutError``
-    is an infrastructure failure).
-    """
-    error: BaseException | None = None
-    try:
-        if timeout_s is None:
-            await agent.invoke_async(prompt)
-        else:
-            await asyncio.wait_for(agent.invoke_async(prompt), timeout=timeout_s)
-    except Exception as caught:  # noqa: BLE001 - typed below; anything untyped is raised
-        if rollout_termination(agent, caught) is TerminationReason.ERROR:
-            logger.error("rollout failed with %s: %s; not an infrastructure failure, so it is raised",
-                         type(caught).__name__, caught)
-            raise
-        error = caught
-    if agent.trajectory.token_trace is None:
-        raise RuntimeError(f"the agent stopped before its first model call: {error!r}") from error
-    return error
-
-
 @dataclass(frozen=True)
 class RolloutEnd:
     """What a finished rollout says.
@@ -119,7 +83,7 @@ class RolloutEnd:
 
 def read_rollout(agent: StrandsAgent, error: BaseException | None = None) -> RolloutEnd:
     """Read the end of the agent's last run; ``error`` is what its invocation raised, if anything."""
-    reason = rollout_termination(agent, error)
+    reason = (agent.termination_reason or TerminationReason.ERROR) if error is None else termination_reason_for(error)
     failure = ""
     if error is not None:
         failure = describe_failure(error)
@@ -139,3 +103,89 @@ def trajectory_metrics(trajectory: Trajectory) -> dict[str, float]:
         "prompt_tokens": float(sum(step.model_output.usage.get("prompt_tokens", 0) for step in steps)),
         "completion_tokens": float(sum(step.model_output.usage.get("completion_tokens", 0) for step in steps)),
     }
+
+class RolloutWithoutTokensError(RuntimeError):
+    """A token rollout stopped before its first model call: there is no trace to train on."""
+
+
+@dataclass(frozen=True)
+class FinishedRollout:
+    """A finished rollout, as evaluation and training read it.
+
+    Attributes:
+        end: How it ended: reason, failure, final answer.
+        error: What the agent's run raised, if anything (kept so a consumer can raise it with its cause).
+        trajectory: The agent's recorded steps (the agent keeps it; a pooled agent's ``reset`` replaces it).
+        fields: ``TokenTrace.to_verl(response_length)`` of a token engine's trace (prompt_ids,
+            response_ids, response_mask, response_logprobs, num_turns); ``None`` without a token
+            engine or when the run stopped before its first model call.
+        truncated: The response ran past ``response_length`` and ``fields`` were cut.
+        num_model_calls: Sampled turns in the token trace (0 without one).
+        metrics: ``trajectory_metrics`` plus ``latency_s``.
+    """
+
+    end: RolloutEnd
+    error: BaseException | None
+    trajectory: Trajectory
+    fields: dict[str, Any] | None = None
+    truncated: bool = False
+    num_model_calls: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def raise_if_unexpected(self) -> None:
+        """Raise what ended the run when it is neither a policy outcome nor typed infrastructure.
+
+        Training calls this: a bug or a misconfiguration would end every rollout the same way, so
+        it must stop the step with its cause, never be trained around.
+        """
+        if self.end.reason is not TerminationReason.ERROR:
+            return
+        logger.error("rollout failed with %s; not an infrastructure failure, so it is raised", self.end.failure)
+        if self.error is not None:
+            raise self.error
+        raise RuntimeError(f"the rollout ended with an error: {self.end.failure}")
+
+    def token_fields(self) -> dict[str, Any]:
+        """``fields``, or ``RolloutWithoutTokensError`` when the run never reached its first model call."""
+        if self.fields is None:
+            raise RolloutWithoutTokensError(
+                f"the agent stopped before its first model call: {self.end.failure}") from self.error
+        return self.fields
+
+
+async def run_rollout(
+    agent: StrandsAgent, prompt: Any, *, timeout_s: float | None = None, response_length: int | None = None,
+) -> FinishedRollout:
+    """Run ``agent`` on ``prompt`` and read everything training and evaluation need from it.
+
+    Every exception of the run is caught and classified (``FinishedRollout.end``) and kept in
+    ``error``, so that training can raise what is neither a policy outcome nor infrastructure
+    (``raise_if_unexpected``) and evaluation can keep it in the episode. ``timeout_s`` bounds the
+    run (a run past it is ``TIMEOUT``, infrastructure). ``response_length`` cuts the exported
+    token fields (verl's ``rollout.response_length``); ``None`` exports the whole response.
+    """
+    error: BaseException | None = None
+    started = time.perf_counter()
+    try:
+        if timeout_s is None:
+            await agent.invoke_async(prompt)
+        else:
+            await asyncio.wait_for(agent.invoke_async(prompt), timeout=timeout_s)
+    except Exception as caught:  # noqa: BLE001 - classified here; the consumer decides what to raise
+        error = caught
+    latency = time.perf_counter() - started
+    end = read_rollout(agent, error)
+    trajectory = agent.trajectory
+    metrics = {**trajectory_metrics(trajectory), "latency_s": latency}
+    trace = trajectory.token_trace
+    if trace is None:
+        return FinishedRollout(end=end, error=error, trajectory=trajectory, metrics=metrics)
+    return FinishedRollout(
+        end=end,
+        error=error,
+        trajectory=trajectory,
+        fields=trace.to_verl(response_length),
+        truncated=response_length is not None and len(trace) - trace.prompt_length > response_length,
+        num_model_calls=trace.num_turns,
+        metrics=metrics,
+    )

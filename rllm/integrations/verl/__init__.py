@@ -1,10 +1,20 @@
-"""verl adapter: a native verl agent loop for Strands agents, a reward function adapter and verl rows.
+"""Deprecated: verl training moved to ``rllm.training.verl`` (rows to ``rllm.data.verl_rows``).
 
-Import ``rllm.integrations.verl.agent_loop`` for ``StrandsAgentLoop`` (it imports verl); the
-reward and rows modules work without verl installed.
+This package keeps the old import paths and ``python -m rllm.integrations.verl.train`` working for
+one release; each submodule is the new module itself, so classes named in existing configs
+(``rllm.integrations.verl.agent_loop.StrandsAgentLoop``) are the same objects.
 """
 
-from rllm.integrations.verl.reward import compute_score
-from rllm.integrations.verl.rows import AGENT_NAME, verl_row, write_parquet
+import warnings
+
+from rllm.data.verl_rows import AGENT_NAME, verl_row, write_parquet
+from rllm.training.verl.reward import compute_score
+
+warnings.warn(
+    "rllm.integrations.verl moved to rllm.training.verl (verl rows: rllm.data.verl_rows); "
+    "the old path will be removed in the next release",
+    DeprecationWarning,
+    stacklevel=2,
+)
 
 __all__ = ["AGENT_NAME", "compute_score", "verl_row", "write_parquet"]

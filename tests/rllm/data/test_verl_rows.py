@@ -24,7 +24,7 @@ from rllm.data import (  # noqa: E402
     hotpotqa_paragraphs,
     load_hotpotqa,
 )
-from rllm.integrations.verl.reward import compute_score as _compute_score  # noqa: E402
+from rllm.training.verl.reward import compute_score as _compute_score  # noqa: E402
 from rllm.testing.tiny_models import build_tiny_tokenizer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[3]

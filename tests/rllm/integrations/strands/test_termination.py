@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from strands import tool
-from strands.types.exceptions import EventLoopException
+from strands.types.exceptions import ContextWindowOverflowException, EventLoopException
 
 from rllm.engine.rollout import OpenAIEngine
 from rllm.errors import (
@@ -25,6 +25,7 @@ from rllm.errors import (
     EngineRequestError,
     EngineThrottledError,
     EngineUnavailableError,
+    ResponseBudgetExhaustedError,
     TemplateError,
     ToolBackendError,
 )
@@ -44,6 +45,17 @@ def _wrapped(error: BaseException) -> BaseException:
         return outer
 
 
+def _overflow(error: BaseException) -> BaseException:
+    """``error`` as ``RLLMModel`` hands it to Strands: a ``ContextWindowOverflowException`` caused by it."""
+    try:
+        try:
+            raise error
+        except Exception as inner:
+            raise ContextWindowOverflowException(str(inner)) from inner
+    except ContextWindowOverflowException as outer:
+        return outer
+
+
 @pytest.mark.parametrize(("error", "reason"), [
     (EngineUnavailableError("down"), TerminationReason.ENGINE_ERROR),
     (EngineThrottledError("429"), TerminationReason.ENGINE_ERROR),
@@ -51,6 +63,9 @@ def _wrapped(error: BaseException) -> BaseException:
     (ToolBackendError("index down"), TerminationReason.TOOL_BACKEND_ERROR),
     (asyncio.TimeoutError(), TerminationReason.TIMEOUT),
     (ContextLengthExceededError("too long"), TerminationReason.CONTEXT_OVERFLOW),
+    (_overflow(ResponseBudgetExhaustedError("response_length used up")), TerminationReason.MAX_TOKENS),
+    (_overflow(ContextLengthExceededError("too long")), TerminationReason.CONTEXT_OVERFLOW),
+    (_wrapped(asyncio.TimeoutError()), TerminationReason.TIMEOUT),
     (TypeError("can only concatenate str (not \"list\") to str"), TerminationReason.ERROR),
     (_wrapped(TemplateError("the chat template re-renders earlier turns")), TerminationReason.ERROR),
     (ConfigurationError("HTTP 401"), TerminationReason.ERROR),
@@ -146,3 +161,112 @@ async def test_configured_exception_classes_count_as_backend_failures(serve) -> 
                          tools=[fetch], infra_exceptions=(ValueError,))
     await agent.invoke_async("Fetch it.")
     assert agent.termination_reason is TerminationReason.TOOL_BACKEND_ERROR and len(server.requests) == 1
+
+
+# ------------------------------------------------ one classifier, whichever consumer runs the rollout
+# The same failure, raised at the same place (the token engine's second generation, or the tool),
+# must end the rollout with the same reason in the batch runner (AgentWorkflowEngine over
+# StrandsWorkflow), the verl agent loop and the local trainer. The verl loop and the local trainer
+# raise what is not theirs to keep (a bug; for the local trainer also infrastructure): the reason
+# of a raised error is the classifier's reading of it.
+
+_ENGINE_FAILURES = [
+    (ResponseBudgetExhaustedError("the response already fills rollout.response_length"), TerminationReason.MAX_TOKENS),
+    (ContextLengthExceededError("the prompt fills the context"), TerminationReason.CONTEXT_OVERFLOW),
+    (EngineUnavailableError("the rollout server is down"), TerminationReason.ENGINE_ERROR),
+    (EngineThrottledError("429 after every retry"), TerminationReason.ENGINE_ERROR),
+    (asyncio.TimeoutError(), TerminationReason.TIMEOUT),
+    (TemplateError("the chat template re-renders earlier turns"), TerminationReason.ERROR),
+    (TypeError("can only concatenate str (not \"list\") to str"), TerminationReason.ERROR),
+]
+_TOOL_FAILURES = [
+    ("backend", TerminationReason.TOOL_BACKEND_ERROR),
+    ("auth", TerminationReason.ERROR),
+    (None, TerminationReason.FINISHED),
+]
+
+
+def _fail_on_second_call(engine: Any, error: BaseException | None) -> Any:
+    """``engine`` whose second generation raises ``error`` (the first asks for a tool, so a trace exists)."""
+    if error is None:
+        return engine
+    generate, calls = engine._generate, []
+
+    async def _generate(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 2:
+            raise error
+        return await generate(*args, **kwargs)
+
+    engine._generate = _generate
+    return engine
+
+
+async def _through_the_batch_runner(tokenizer: Any, error: BaseException | None, fail_with: str | None) -> str:
+    from fixtures.verl_loop import GROUND_TRUTH, QUESTION, SYSTEM, lookup_call, lookup_tools, turns_script
+
+    from rllm.rewards import RewardSearchFn
+    from rllm.testing.scripted_tokens import ScriptedTokenEngine
+    from rllm.workflows import StrandsWorkflow
+    from rllm.workflows.agent_workflow_engine import AgentWorkflowEngine
+
+    engine = _fail_on_second_call(
+        ScriptedTokenEngine(tokenizer, turns_script(lookup_call("France"), "It is \\boxed{Paris}.")), error)
+    runner = AgentWorkflowEngine(StrandsWorkflow, {"tools": lookup_tools(fail_with), "system_prompt": SYSTEM,
+                                                   "reward_fn": RewardSearchFn()},
+                                 engine, n_parallel_tasks=1, retry_limit=0, progress=False, max_same_errors=None,
+                                 max_infra_failure_share=None)
+    (episode,) = await runner.execute_tasks([{"id": "q0", "question": QUESTION, "answer": GROUND_TRUTH}])
+    return episode.termination_reason.value
+
+
+async def _through_the_verl_loop(tokenizer: Any, error: BaseException | None, fail_with: str | None) -> str:
+    from fixtures.verl_loop import SAMPLING, FakeServerManager, build_loop, lookup_call, row, turns_script
+
+    server = FakeServerManager(tokenizer, turns_script(lookup_call("France"), "It is \\boxed{Paris}."))
+    loop, _ = build_loop(tokenizer, server, fail_with=fail_with)
+    build_engine = loop.build_engine
+    loop.build_engine = lambda sampling: _fail_on_second_call(build_engine(sampling), error)  # type: ignore[method-assign]
+    try:
+        output = await loop.rollout(dict(SAMPLING), **row())
+    except Exception as raised:  # noqa: BLE001 - the loop raises what is not a policy outcome or infrastructure
+        return termination_reason_for(raised).value
+    return output.extra_fields["termination_reason"]
+
+
+async def _through_the_local_trainer(tokenizer: Any, error: BaseException | None, fail_with: str | None) -> str:
+    from fixtures.verl_loop import QUESTION, SYSTEM, lookup_call, lookup_tools, turns_script
+
+    from rllm.integrations.strands import Budget
+    from rllm.testing.scripted_tokens import ScriptedTokenEngine
+    from rllm.training.local import RolloutRequest, run_rollouts
+
+    engine = _fail_on_second_call(
+        ScriptedTokenEngine(tokenizer, turns_script(lookup_call("France"), "It is \\boxed{Paris}.")), error)
+    try:
+        (rollout,) = await run_rollouts(engine, [RolloutRequest(QUESTION, "g0", {"max_tokens": 64})],
+                                        tools=lookup_tools(fail_with), system_prompt=SYSTEM, budget=Budget(),
+                                        response_length=1024)
+    except Exception as raised:  # noqa: BLE001 - the local trainer raises infrastructure and bugs
+        return termination_reason_for(raised).value
+    return rollout.reason.value
+
+
+@pytest.fixture(scope="module")
+def tiny_tokenizer() -> Any:
+    from rllm.testing.tiny_models import build_tiny_tokenizer
+
+    return build_tiny_tokenizer()
+
+
+@pytest.mark.parametrize(("failure", "reason"), [(e, r) for e, r in _ENGINE_FAILURES] + [
+    (f"tool:{f}", r) for f, r in _TOOL_FAILURES], ids=lambda v: type(v).__name__ if isinstance(v, BaseException) else str(v))
+async def test_every_consumer_gives_the_same_reason(tiny_tokenizer: Any, failure: Any, reason: TerminationReason) -> None:
+    error, fail_with = (None, failure.split(":", 1)[1]) if isinstance(failure, str) else (failure, None)
+    fail_with = None if fail_with == "None" else fail_with
+    reasons = {
+        "batch runner": await _through_the_batch_runner(tiny_tokenizer, error, fail_with),
+        "verl loop": await _through_the_verl_loop(tiny_tokenizer, error, fail_with),
+        "local trainer": await _through_the_local_trainer(tiny_tokenizer, error, fail_with),
+    }
+    assert reasons == dict.fromkeys(reasons, reason.value)

@@ -30,7 +30,7 @@ from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: E402
 from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 
 from rllm.engine.rollout.verl_engine import PromptTooLongError  # noqa: E402
-from rllm.integrations.verl.agent_loop import StrandsAgentLoop  # noqa: E402
+from rllm.training.verl.agent_loop import StrandsAgentLoop  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[4]
 from fixtures.verl_loop import (  # noqa: E402
@@ -210,7 +210,7 @@ async def test_aborted_generation_is_an_infrastructure_failure_excluded_from_the
     loop_v0, config_v0 = build_loop(tokenizer, server_v0, "trainer.use_v1=false")
     kept = await loop_v0.run(dict(SAMPLING), **row())
     assert isinstance(kept, AgentLoopOutput) and set(kept.response_mask) == {0}
-    from rllm.integrations.verl.reward import compute_score
+    from rllm.training.verl.reward import compute_score
 
     scored = compute_score("hotpotqa", "ignored", GROUND_TRUTH, {**row()["extra_info"], **kept.extra_fields},
                            scorer="rllm.agents.search:score_search_answer")
@@ -300,7 +300,7 @@ async def test_rows_without_logprobs_and_verl_tools_are_handled_explicitly(token
 
 
 def test_lookup_stand_in_is_importable_by_dotted_path() -> None:
-    from rllm.integrations.verl.agent_loop import build_tools
+    from rllm.training.verl.agent_loop import build_tools
 
     tools = build_tools("fixtures.verl_loop:lookup_tools", {"fail_with": None})
     assert [t.tool_name for t in tools] == ["lookup"]

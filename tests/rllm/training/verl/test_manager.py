@@ -43,7 +43,7 @@ from rllm.errors import (  # noqa: E402
     SystemicFailureError,
     TemplateError,
 )
-from rllm.integrations.verl.agent_loop import RolloutOutcome  # noqa: E402
+from rllm.training.verl.agent_loop import RolloutOutcome  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -98,7 +98,7 @@ def guarded_retrieval_server(tmp_path_factory) -> Any:
 async def test_the_real_search_tool_without_the_servers_token_raises_the_401(tokenizer, guarded_retrieval_server,
                                                                               monkeypatch) -> None:
     from rag.client import RetrievalAuthError
-    from rllm.integrations.verl.agent_loop import _cached_tools
+    from rllm.training.verl.agent_loop import _cached_tools
 
     _cached_tools.cache_clear()  # tools are built once per worker process, where the environment is fixed
     monkeypatch.setenv("RETRIEVAL_SERVER_URL", guarded_retrieval_server.base_url)
@@ -192,7 +192,7 @@ def make_worker(tokenizer, monkeypatch) -> Any:
     from omegaconf import OmegaConf
     from verl.trainer.ppo.reward import load_reward_manager
 
-    from rllm.integrations.verl.manager import StrandsAgentLoopWorker
+    from rllm.training.verl.manager import StrandsAgentLoopWorker
 
     stored: list[str] = []
     tags: dict[str, str] = {}
@@ -243,8 +243,8 @@ async def test_the_worker_waits_for_the_batch_and_reports_every_rollout(tokenize
 
 def test_the_manager_fails_the_step_on_an_error_or_mostly_dropped_rollouts(tokenizer, make_worker,
                                                                            monkeypatch) -> None:
-    import rllm.integrations.verl.manager as manager_module
-    from rllm.integrations.verl.manager import StrandsAgentLoopManager
+    import rllm.training.verl.manager as manager_module
+    from rllm.training.verl.manager import StrandsAgentLoopManager
 
     actor_loop = asyncio.new_event_loop()  # one loop, as in a Ray async actor (verl's reward manager binds to it)
     asyncio.set_event_loop(actor_loop)
@@ -287,7 +287,7 @@ def test_the_manager_fails_the_step_on_an_error_or_mostly_dropped_rollouts(token
 
 
 def test_the_manager_reads_its_share_and_refuses_the_async_trainers(tokenizer, make_worker) -> None:
-    from rllm.integrations.verl.manager import StrandsAgentLoopManager
+    from rllm.training.verl.manager import StrandsAgentLoopManager
 
     config = make_worker(FakeServerManager(tokenizer, answer_everything)).config
     assert StrandsAgentLoopManager(config, llm_client=None).max_infra_failure_share == 0.5

@@ -26,7 +26,7 @@ from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories  
 from verl.utils.config import omega_conf_to_dataclass  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[4]
-from rllm.integrations.verl.train import CONFIG_DIR, CONFIG_NAME, prepare_config, validate  # noqa: E402
+from rllm.training.verl.train import CONFIG_DIR, CONFIG_NAME, prepare_config, validate  # noqa: E402
 
 LAUNCHER = REPO / "examples" / "strands" / "train_strands_agent.sh"
 # Keys the recipe adds that verl's base config does not declare, each with the reader that makes it live.
@@ -34,16 +34,16 @@ ADDED_KEYS = {
     "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype": "FSDP engine _build_fsdp_module",
     "actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype": "FSDP engine _build_fsdp_module",
     "actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype": "FSDP engine _build_fsdp_module",
-    "reward.custom_reward_function.reward_kwargs.scorer": "rllm.integrations.verl.reward.compute_score",
+    "reward.custom_reward_function.reward_kwargs.scorer": "rllm.training.verl.reward.compute_score",
     "reward.custom_reward_function.reward_kwargs.partial_credit": "rllm.agents.search.score_search_answer",
     "ray_kwargs.ray_init.runtime_env.env_vars.RETRIEVAL_TOKEN": "ray.init runtime_env (agent-loop tool)",
-    "rllm.max_infra_failure_share": "rllm.integrations.verl.manager.StrandsAgentLoopManager",
-    "rllm.agent_loop.tool_factory": "rllm.integrations.verl.agent_loop.loop_settings",
-    "rllm.agent_loop.tool_kwargs.retrieval_url": "rllm.integrations.verl.agent_loop.loop_settings",
-    "rllm.agent_loop.system_prompt": "rllm.integrations.verl.agent_loop.loop_settings",
-    "rllm.agent_loop.budget": "rllm.integrations.verl.agent_loop.loop_settings",
-    "rllm.agent_loop.timeout_s": "rllm.integrations.verl.agent_loop.loop_settings",
-    "rllm.agent_loop.infra_exceptions": "rllm.integrations.verl.agent_loop.loop_settings",
+    "rllm.max_infra_failure_share": "rllm.training.verl.manager.StrandsAgentLoopManager",
+    "rllm.agent_loop.tool_factory": "rllm.training.verl.agent_loop.loop_settings",
+    "rllm.agent_loop.tool_kwargs.retrieval_url": "rllm.training.verl.agent_loop.loop_settings",
+    "rllm.agent_loop.system_prompt": "rllm.training.verl.agent_loop.loop_settings",
+    "rllm.agent_loop.budget": "rllm.training.verl.agent_loop.loop_settings",
+    "rllm.agent_loop.timeout_s": "rllm.training.verl.agent_loop.loop_settings",
+    "rllm.agent_loop.infra_exceptions": "rllm.training.verl.agent_loop.loop_settings",
     "actor_rollout_ref.rollout.agent.agent_loop_manager_class": "verl.trainer.main_ppo TaskRunnerV1 (RolloutConfig)",
     "data.apply_chat_template_kwargs.enable_thinking": "chat template (RLHFDataset, StrandsAgentLoop)",
 }
@@ -87,9 +87,9 @@ def test_recipe_composes_and_passes_verls_validation() -> None:
     loops = OmegaConf.load(rollout.agent.agent_loop_config_path)
     assert Path(rollout.agent.agent_loop_config_path).is_absolute()
     assert [entry.name for entry in loops] == ["strands_agent"]
-    assert loops[0]._target_ == "rllm.integrations.verl.agent_loop.StrandsAgentLoop"
+    assert loops[0]._target_ == "rllm.training.verl.agent_loop.StrandsAgentLoop"
     # One reward path: the custom function; no critic, no reference model (no KL).
-    assert config.reward.custom_reward_function.path == "pkg://rllm.integrations.verl.reward"
+    assert config.reward.custom_reward_function.path == "pkg://rllm.training.verl.reward"
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
 
     assert not need_critic(config) and not need_reference_policy(config)
@@ -176,11 +176,11 @@ def test_recipe_passes_the_retrieval_token_to_the_workers_and_installs_the_stopp
     config = prepare_config(compose())
     assert config.ray_kwargs.ray_init.runtime_env.env_vars.RETRIEVAL_TOKEN == "s3cret"
     rollout = omega_conf_to_dataclass(config.actor_rollout_ref.rollout)
-    assert rollout.agent.agent_loop_manager_class == "rllm.integrations.verl.manager.StrandsAgentLoopManager"
+    assert rollout.agent.agent_loop_manager_class == "rllm.training.verl.manager.StrandsAgentLoopManager"
     assert config.rllm.max_infra_failure_share == 0.5
     from verl.utils.import_utils import load_class_from_fqn
 
-    from rllm.integrations.verl.manager import StrandsAgentLoopManager
+    from rllm.training.verl.manager import StrandsAgentLoopManager
 
     assert load_class_from_fqn(rollout.agent.agent_loop_manager_class, "AgentLoopManager") is StrandsAgentLoopManager
     monkeypatch.delenv("RETRIEVAL_TOKEN")
@@ -214,7 +214,7 @@ def test_launcher_refuses_a_retrieval_server_that_rejects_the_token(tmp_path_fac
 # ---------------------------------------------------------------- the loop's settings: the recipe alone
 def test_the_loop_reads_its_settings_from_the_recipe_and_evaluations_budget(monkeypatch) -> None:
     from rllm.agents.search import DEFAULT_SEARCH_BUDGET
-    from rllm.integrations.verl.agent_loop import loop_settings
+    from rllm.training.verl.agent_loop import loop_settings
 
     monkeypatch.setenv("RETRIEVAL_SERVER_URL", "http://10.0.0.7:8123")
     settings = loop_settings(prepare_config(compose()))
@@ -251,7 +251,7 @@ def test_settings_the_loop_would_ignore_are_refused_at_launch(override: str, mes
 def test_settings_in_the_agent_loop_yaml_entry_are_refused(tmp_path) -> None:
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap
 
-    from rllm.integrations.verl.agent_loop import StrandsAgentLoop
+    from rllm.training.verl.agent_loop import StrandsAgentLoop
 
     config = prepare_config(compose())
     with pytest.raises(TypeError, match=r"\['max_model_turns', 'tool_factory'\].*rllm.agent_loop"):
@@ -264,10 +264,10 @@ def test_the_recipes_and_the_launch_script_are_package_data() -> None:
     """A normal (non-editable) install has them: they are found through the packages, not a clone."""
     import importlib.resources
 
-    from rllm.integrations.verl.train import CONFIG_DIR
+    from rllm.training.verl.train import CONFIG_DIR
 
     pyproject = (REPO / "pyproject.toml").read_text()
-    assert '"rllm.integrations.verl" = ["config/*.yaml"]' in pyproject and '"rag" = ["launch_rag.sh"]' in pyproject
-    assert CONFIG_DIR == Path(str(importlib.resources.files("rllm.integrations.verl") / "config"))
+    assert '"rllm.training.verl" = ["config/*.yaml"]' in pyproject and '"rag" = ["launch_rag.sh"]' in pyproject
+    assert CONFIG_DIR == Path(str(importlib.resources.files("rllm.training.verl") / "config"))
     assert {p.name for p in CONFIG_DIR.glob("*.yaml")} == {"agent_loops.yaml", f"{CONFIG_NAME}.yaml"}
     assert (importlib.resources.files("rag") / "launch_rag.sh").is_file()

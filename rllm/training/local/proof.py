@@ -48,9 +48,9 @@ from rllm.testing.qwen_tokenizer import QwenVocab, build_qwen_tokenizer
 from rllm.testing.scripted_tokens import MessageScriptedEngine
 from rllm.testing.tiny_models import build_tiny_qwen3
 from rllm.tokens.renderer import content_text
-from rllm.training.batch import pad_rollouts
-from rllm.training.rloo import LocalRLOOTrainer, default_actor_config
-from rllm.training.rollouts import Rollout, RolloutRequest, run_rollouts
+from rllm.training.local.batch import pad_rollouts
+from rllm.training.local.rloo import LocalRLOOTrainer, default_actor_config
+from rllm.training.local.rollouts import Rollout, RolloutRequest, run_rollouts
 
 logger = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from verl.trainer.ppo.core_algos import agg_loss, compute_rloo_outcome_advantage
 from verl.utils.torch_functional import logprobs_from_logits, masked_mean
 from verl.workers.config import FSDPActorConfig
 
-from rllm.training.batch import RolloutBatch
+from rllm.training.local.batch import RolloutBatch
 
 
 @dataclass

@@ -1,9 +1,8 @@
-"""Rollouts for local training, run by the same runner and exported by the same code as verl's agent loop.
+"""Rollouts for local training, from the same runner as verl's agent loop (``build_agent``, ``run_rollout``).
 
-``StrandsAgentLoop`` builds each trajectory's agent with ``build_agent``, reads its end with
-``read_rollout`` and exports ``agent.trajectory.token_trace`` with ``TokenTrace.to_verl`` cut at
-the response length. ``run_rollout`` does exactly that for one prompt on any token engine, and
-``run_rollouts`` runs many at once (a batching engine samples them together).
+``run_rollouts`` runs many prompts at once on any token engine (a batching engine samples them
+together) and keeps what local training needs of each ``FinishedRollout``; unlike verl's loop it
+raises on an infrastructure failure, since a local run has no other rollouts to fall back on.
 """
 
 from __future__ import annotations
@@ -14,9 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from rllm.engine.rollout.token_engine import TokenEngine
-from rllm.errors import InfrastructureError
+from rllm.errors import ToolBackendError
 from rllm.integrations.strands import Budget, RLLMModel
-from rllm.integrations.strands.rollout import build_agent, read_rollout, run_token_rollout, trajectory_metrics
+from rllm.integrations.strands.rollout import build_agent, run_rollout
 from rllm.types import TerminationReason
 
 
@@ -30,7 +29,7 @@ class Rollout:
             response_logprobs, num_turns.
         reason: Why it ended.
         final_answer: The answer of a rollout that finished, else "".
-        metrics: ``trajectory_metrics``: turns, tool_calls, tool_errors, prompt/completion tokens.
+        metrics: ``FinishedRollout.metrics``: turns, tool_calls, tool_errors, prompt/completion tokens, latency_s.
         truncated: The response ran past ``response_length`` and was cut.
         reward: Filled in by the caller's scorer.
     """
@@ -53,35 +52,34 @@ class RolloutRequest:
     sampling: dict[str, Any]
 
 
-async def run_rollout(
+async def _run_one(
     engine: TokenEngine, request: RolloutRequest, *, tools: list[Any], system_prompt: str | None, budget: Budget,
     response_length: int,
 ) -> Rollout:
     """Run the agent on ``request.prompt`` and return its exact tokens and outcome.
 
     Raises what the agent's run raised unless it is a policy outcome (budget, context, response
-    length), as ``StrandsAgentLoop`` does (``run_token_rollout``). An infrastructure failure
-    raises too, an ``InfrastructureError`` naming it when no exception carried it (a tool backend
-    marking its own failure): a local run has no other rollouts to fall back on, and scoring it
-    would train on it.
+    length), as ``StrandsAgentLoop`` does. An infrastructure failure raises too, an
+    ``ToolBackendError`` naming it when no exception carried it (a tool backend marking its own
+    failure): a local run has no other rollouts to fall back on, and scoring it would train on it.
     """
     agent = build_agent(RLLMModel(engine, params=dict(request.sampling)), tools=tools, system_prompt=system_prompt,
                         budget=budget, name="local_rollout")
-    error = await run_token_rollout(agent, request.prompt)
-    end = read_rollout(agent, error)
+    finished = await run_rollout(agent, request.prompt, response_length=response_length)
+    finished.raise_if_unexpected()
+    end = finished.end
     if end.infra_failure:
-        if error is not None:
-            raise error
-        raise InfrastructureError(f"the rollout ended on an infrastructure failure: {end.failure}")
-    trace = agent.trajectory.token_trace
-    assert trace is not None  # run_token_rollout raised otherwise
+        if finished.error is not None:
+            raise finished.error
+        # Only a tool backend ends a rollout on infrastructure without an exception escaping the run.
+        raise ToolBackendError(f"the rollout ended on an infrastructure failure: {end.failure}")
     return Rollout(
         group=request.group,
-        fields=trace.to_verl(response_length),
+        fields=finished.token_fields(),
         reason=end.reason,
         final_answer=end.final_answer,
-        metrics=trajectory_metrics(agent.trajectory),
-        truncated=len(trace) - trace.prompt_length > response_length,
+        metrics=finished.metrics,
+        truncated=finished.truncated,
     )
 
 
@@ -91,6 +89,6 @@ async def run_rollouts(
 ) -> list[Rollout]:
     """Run every request concurrently (in order of ``requests``)."""
     return list(await asyncio.gather(*(
-        run_rollout(engine, r, tools=tools, system_prompt=system_prompt, budget=budget, response_length=response_length)
+        _run_one(engine, r, tools=tools, system_prompt=system_prompt, budget=budget, response_length=response_length)
         for r in requests
     )))

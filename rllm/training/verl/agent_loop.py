@@ -1,0 +1,359 @@
+"""``StrandsAgentLoop``: a verl agent loop that runs an unchanged Strands agent on exact tokens.
+
+verl (0.9.1) builds one agent loop per trajectory from the YAML list named by
+``actor_rollout_ref.rollout.agent.agent_loop_config_path`` (an entry that only names this class)
+and calls ``run(sampling_params, **row)``. The loop reads its settings from the recipe alone, as
+verl's own loops read ``multi_turn.*`` (see ``loop_settings``). This loop builds a ``StrandsAgent`` over ``RLLMModel(VerlEngine(server_manager))`` for
+the row, runs it with ``invoke_async`` and returns the rollout's ``TokenTrace`` as an
+``AgentLoopOutput``: ``prompt_ids`` is the first rendered prompt, ``response_ids`` everything after
+it (sampled and tool tokens, capped at ``rollout.response_length``), ``response_mask`` 1 exactly on
+sampled tokens and ``response_logprobs`` their sampling logprobs (0.0 elsewhere). verl groups the
+``rollout.n`` rollouts of a row by ``uid`` for RLOO, scores them with the custom reward function
+(``rllm.training.verl.reward``, which reads the final answer from ``extra_fields``) and trains.
+
+Only typed infrastructure failures are excluded from the update: the rollout server unreachable,
+failing, throttled or aborting the generation (``rllm.errors.InfrastructureError`` from the
+engine), a tool's backend marking its own failure (a tool raising an ``InfrastructureError`` such
+as ``ToolBackendError``, or one of ``infra_exceptions``), or the rollout running past
+``timeout_s``. In verl's v1 trainer (the default) ``run`` then returns an empty list, which verl's
+TransferQueue worker stores as "no trajectory for this session": the rollout carries no tokens,
+gets no reward and takes no part in its group's RLOO baseline (``compute_rloo_outcome_advantage``
+groups whatever rows share a ``uid``). The legacy v0 trainer cannot drop a row, so there it is
+returned with an all-zero ``response_mask`` (no gradient), flagged ``infra_failure``, and the
+reward function scores it 0 (which still enters its group's baseline: use v1).
+
+Anything else (a template error, a ``TypeError``, an unknown tool factory, a tool backend
+refusing its credentials with a ``ConfigurationError``) raises out of ``run`` with its cause:
+such an error would end every rollout the same way, so it must fail the step, not be trained
+around. ``rllm.training.verl.manager.StrandsAgentLoopManager`` makes verl's v1 trainer fail
+on it (verl's own worker only logs a session's exception) and stops a step whose rollouts are
+mostly dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
+
+from rllm.engine.rollout.verl_engine import VerlEngine, VerlSession
+from rllm.integrations.strands import Budget, StrandsAgent, describe_failure
+from rllm.integrations.strands.rollout import FinishedRollout, build_agent, run_rollout
+from rllm.parser import get_tool_parser
+from rllm.tokens.renderer import content_text
+from rllm.training.verl._dotted import import_object
+
+logger = logging.getLogger(__name__)
+
+SETTINGS_KEY = "rllm.agent_loop"
+"""Where the recipe holds the loop's settings (the fields of ``LoopSettings``)."""
+MULTI_TURN_KEY = "actor_rollout_ref.rollout.multi_turn"
+
+_UNSUPPORTED_MULTI_TURN = {
+    "max_user_turns": "limit tool rounds with the budget's max_tool_iterations (rllm.agent_loop.budget)",
+    "max_parallel_calls": "the agent runs every call of a turn; limit calls with the budget's max_tool_calls",
+    "max_tool_response_length": "tools bound their own output (local_search: rllm.agent_loop.tool_kwargs.max_chars)",
+    "tool_response_truncate_side": "tools bound their own output (local_search: rllm.agent_loop.tool_kwargs.max_chars)",
+    "use_inference_chat_template": "the loop trains on the exact tokens it sampled (token-in/token-out)",
+    "tokenization_sanity_check_mode": "the loop checks the chat template when its engine is built (TemplateError)",
+    "tool_config_path": "the loop runs the Strands tools of rllm.agent_loop.tool_factory",
+    "function_tool_path": "the loop runs the Strands tools of rllm.agent_loop.tool_factory",
+}
+"""verl ``multi_turn`` keys that would shape a rollout and that this loop cannot honour: a value other
+than verl's default is refused, with what to do instead. (``format`` and ``max_assistant_turns``
+are honoured; ``enable`` and ``num_repeat_rollouts`` shape no rollout of this loop.)"""
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """What the loop runs, from the recipe's ``rllm.agent_loop`` block and verl's ``multi_turn`` keys.
+
+    Attributes:
+        tool_factory: ``module:function`` returning the agent's Strands tools (required).
+        tool_kwargs: Keyword arguments for ``tool_factory`` (e.g. ``retrieval_url``).
+        system_prompt: Used when the row's prompt has no system message (a row without one and a
+            ``None`` here is refused).
+        budget: The episode ``Budget``: ``budget`` in the block (a dotted path to a ``Budget``,
+            or a mapping of its fields), its model calls replaced by ``multi_turn.max_assistant_turns``
+            when that is set.
+        tool_parser: How tool calls are parsed from sampled text: ``multi_turn.format``.
+        timeout_s: Wall-clock limit per rollout; a rollout that runs past it is an infrastructure
+            failure (a hung tool or server), excluded from the update. ``None``: no limit.
+        infra_exceptions: Further exception classes (``infra_exceptions`` in the block, dotted
+            paths) that, raised by a tool, mark the rollout as an infrastructure failure
+            (``rllm.errors.InfrastructureError`` always does). Empty by default: tools mark their
+            own backend failures by raising ``rllm.errors.ToolBackendError`` (as ``local_search``
+            does); name a third-party exception (``httpx.TransportError``) only when it can never
+            be the policy's doing.
+    """
+
+    tool_factory: str
+    tool_kwargs: dict[str, Any]
+    system_prompt: str | None
+    budget: Budget
+    tool_parser: str
+    timeout_s: float | None
+    infra_exceptions: tuple[type[BaseException], ...]
+
+
+_BLOCK_KEYS = ("tool_factory", "tool_kwargs", "system_prompt", "budget", "timeout_s", "infra_exceptions")
+
+
+def _budget(value: Any) -> Budget:
+    if value is None:
+        return Budget()
+    if isinstance(value, str):
+        budget = import_object(value)
+        if not isinstance(budget, Budget):
+            raise TypeError(f"{SETTINGS_KEY}.budget: {value} is a {type(budget).__name__}, not a Budget")
+        return budget
+    if isinstance(value, dict):
+        fields = {f.name for f in dataclasses.fields(Budget)}
+        unknown = sorted(set(value) - fields)
+        if unknown:
+            raise ValueError(f"{SETTINGS_KEY}.budget: unknown keys {unknown}; a Budget has {sorted(fields)}")
+        return Budget(**value)
+    raise TypeError(f"{SETTINGS_KEY}.budget must be a dotted path to a Budget or a mapping, not {value!r}")
+
+
+def _check_multi_turn(multi_turn: dict[str, Any]) -> None:
+    from verl.workers.config import MultiTurnConfig
+
+    defaults = {f.name: f.default for f in dataclasses.fields(MultiTurnConfig)}
+    for key, instead in _UNSUPPORTED_MULTI_TURN.items():
+        if key in multi_turn and multi_turn[key] != defaults.get(key):
+            raise ValueError(f"StrandsAgentLoop cannot honour {MULTI_TURN_KEY}.{key}={multi_turn[key]!r}; "
+                             f"leave it at verl's default ({defaults.get(key)!r}): {instead}")
+
+
+def loop_settings(config: Any) -> LoopSettings:
+    """The loop's settings from the (composed) trainer config; a clear error for anything it would ignore.
+
+    Raises ``ValueError`` (naming the key) for a missing ``rllm.agent_loop`` block or
+    ``tool_factory``, an unknown key in the block, an unknown ``multi_turn.format``, and a
+    ``multi_turn`` key set to a value the loop cannot honour.
+    """
+    block = OmegaConf.select(config, SETTINGS_KEY, default=None)
+    if block is None:
+        raise ValueError(f"StrandsAgentLoop reads its settings from the recipe's {SETTINGS_KEY} block "
+                         f"({', '.join(_BLOCK_KEYS)}), which this config lacks")
+    values = dict(_plain(block))
+    unknown = sorted(set(values) - set(_BLOCK_KEYS))
+    if unknown:
+        raise ValueError(f"unknown keys {[f'{SETTINGS_KEY}.{k}' for k in unknown]}; "
+                         f"StrandsAgentLoop reads {', '.join(_BLOCK_KEYS)}")
+    if not values.get("tool_factory"):
+        raise ValueError(f"{SETTINGS_KEY}.tool_factory must name the agent's tools (module:function)")
+    multi_turn = dict(_plain(OmegaConf.select(config, MULTI_TURN_KEY, default=None)) or {})
+    _check_multi_turn(multi_turn)
+    budget = _budget(values.get("budget"))
+    if multi_turn.get("max_assistant_turns") is not None:
+        budget = dataclasses.replace(budget, max_model_turns=int(multi_turn["max_assistant_turns"]))
+    tool_parser = str(multi_turn.get("format") or "hermes")
+    try:
+        get_tool_parser(tool_parser)
+    except ValueError as error:
+        raise ValueError(f"{MULTI_TURN_KEY}.format: {error}") from None
+    timeout = values.get("timeout_s")
+    return LoopSettings(
+        tool_factory=str(values["tool_factory"]),
+        tool_kwargs=dict(values.get("tool_kwargs") or {}),
+        system_prompt=values.get("system_prompt"),
+        budget=budget,
+        tool_parser=tool_parser,
+        timeout_s=None if timeout is None else float(timeout),
+        infra_exceptions=tuple(import_object(path) for path in values.get("infra_exceptions") or ()),
+    )
+
+
+OUTCOME_KWARG = "rllm_outcome"
+"""The keyword under which a worker may pass ``run`` a ``RolloutOutcome`` to fill in."""
+
+
+@dataclass
+class RolloutOutcome:
+    """What became of one rollout, for whoever counts a step's rollouts (verl hands ``run`` no other channel).
+
+    Attributes:
+        dropped: The rollout was excluded from the update as an infrastructure failure.
+        cause: Why, as ``"ExceptionType: message"`` or a termination reason.
+        error: The non-infrastructure error that ``run`` raised, as ``"ExceptionType: message"``.
+    """
+
+    dropped: bool = False
+    cause: str = ""
+    error: str = ""
+
+
+@functools.lru_cache(maxsize=16)
+def _cached_tools(factory: str, kwargs_json: str) -> tuple[Any, ...]:
+    # Strands tools are stateless callables, so one set per worker process serves every rollout
+    # (and keeps one connection pool per tool instead of one per trajectory).
+    return tuple(import_object(factory)(**json.loads(kwargs_json)))
+
+
+def build_tools(factory: str, kwargs: dict[str, Any] | None = None) -> list[Any]:
+    """The Strands tools ``factory(**kwargs)`` returns, built once per process for equal arguments."""
+    return list(_cached_tools(factory, json.dumps(kwargs or {}, sort_keys=True)))
+
+
+def _plain(value: Any) -> Any:
+    """Plain Python containers for OmegaConf / numpy values handed over by verl."""
+    if isinstance(value, DictConfig | ListConfig):
+        return OmegaConf.to_container(value, resolve=True)
+    if hasattr(value, "tolist") and not isinstance(value, str | bytes):
+        return value.tolist()
+    return value
+
+
+def split_prompt(raw_prompt: Any) -> tuple[str | None, list[dict[str, Any]]]:
+    """The row's system prompt (if its first message is one) and the rest as Strands messages."""
+    messages = [dict(m) for m in _plain(raw_prompt)]
+    if not messages:
+        raise ValueError("the row's prompt has no messages")
+    system = None
+    if messages[0].get("role") == "system":
+        system = content_text(messages.pop(0).get("content"))
+    if not messages:
+        raise ValueError("the row's prompt has a system message but no user message")
+    return system, [{"role": m["role"], "content": [{"text": content_text(m.get("content"))}]} for m in messages]
+
+
+class StrandsAgentLoop(AgentLoopBase):
+    """Runs a Strands agent per trajectory inside verl and returns its exact token trace.
+
+    verl's worker passes ``trainer_config``, ``server_manager``, ``tokenizer``, ... and the
+    agent-loop YAML entry's ``name``; the loop's own settings come from that trainer config
+    (``loop_settings``), never from the YAML entry, which may only name the class.
+
+    Args:
+        tools: verl's own tool list (``rollout.multi_turn.tool_config_path``); must be empty,
+            since this loop runs Strands tools.
+        name: The entry's name; names the recorded trajectory.
+    """
+
+    def __init__(self, *args: Any, tools: Any = None, name: str | None = None, **kwargs: Any) -> None:
+        misplaced = sorted(set(kwargs) & {*_BLOCK_KEYS, "max_model_turns", "max_tool_iterations", "max_tool_calls",
+                                          "tool_parser"})
+        if misplaced:
+            raise TypeError(f"StrandsAgentLoop got {misplaced} from its agent-loop YAML entry; its settings come "
+                            f"from the recipe alone: set them under {SETTINGS_KEY} (the tool parser is "
+                            f"{MULTI_TURN_KEY}.format)")
+        super().__init__(*args, **kwargs)
+        if tools is not None and getattr(tools, "tools", None):
+            raise ValueError(
+                "StrandsAgentLoop runs the Strands tools of tool_factory; unset "
+                "actor_rollout_ref.rollout.multi_turn.tool_config_path / function_tool_path"
+            )
+        self.settings = loop_settings(self.config)
+        self.name = name or "strands_agent"
+        self.prompt_length = int(self.rollout_config.prompt_length)
+        self.response_length = int(self.rollout_config.response_length)
+        self.context_length = int(self.rollout_config.get("max_model_len") or self.prompt_length + self.response_length)
+        self.use_v1 = bool(OmegaConf.select(self.config, "trainer.use_v1", default=True))
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput | list[AgentLoopOutput]:
+        """Run one rollout of the row; an infrastructure failure yields no trajectory (v1), any other error raises.
+
+        A ``RolloutOutcome`` passed as ``rllm_outcome`` (by ``StrandsAgentLoopWorker``) is filled
+        in with what became of the rollout.
+        """
+        outcome = kwargs.pop(OUTCOME_KWARG, None)
+        try:
+            output = await self.rollout(sampling_params, **kwargs)
+        except Exception as error:
+            if isinstance(outcome, RolloutOutcome):
+                outcome.error = describe_failure(error)
+            raise
+        extra = output.extra_fields
+        if extra["infra_failure"]:
+            logger.warning("rollout excluded from the update (%s): %s", extra["termination_reason"],
+                           extra["infra_error"])
+            if isinstance(outcome, RolloutOutcome):
+                outcome.dropped, outcome.cause = True, extra["infra_error"]
+            if self.use_v1:
+                return []
+        return output
+
+    def _system_prompt(self, from_row: str | None) -> str:
+        if from_row is not None:
+            return from_row
+        if self.settings.system_prompt is not None:
+            return self.settings.system_prompt
+        raise ValueError("the row's prompt has no system message and the agent loop's system_prompt is null; "
+                         "write it into the rows (scripts/prepare_hotpotqa.py does) or set system_prompt")
+
+    def build_engine(self, sampling_params: dict[str, Any]) -> VerlEngine:
+        """The rollout's token engine over verl's server client, with verl's lengths and sampling."""
+        return VerlEngine(
+            self.server_manager,
+            self.tokenizer,
+            response_length=self.response_length,
+            prompt_length=self.prompt_length,
+            server_sampling=sampling_params,
+            tool_parser=self.settings.tool_parser,
+            context_length=self.context_length,
+            chat_template_kwargs=_plain(self.apply_chat_template_kwargs) or {},
+        )
+
+    async def rollout(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+        """Run the agent on the row and return its output, infrastructure failures included (flagged).
+
+        Raises any exception that is not a typed infrastructure failure or a policy outcome
+        (context overflow, response budget), with its cause. The agent is built and run as in
+        evaluation (``build_agent``, ``run_rollout``); the tokens are its ``trajectory.token_trace``,
+        exported with ``TokenTrace.to_verl`` at ``response_length``.
+        """
+        system, conversation = split_prompt(kwargs["raw_prompt"])
+        agent = build_agent(
+            self.build_engine(sampling_params),
+            tools=build_tools(self.settings.tool_factory, self.settings.tool_kwargs),
+            system_prompt=self._system_prompt(system),
+            budget=self.settings.budget,
+            name=self.name,
+            infra_exceptions=self.settings.infra_exceptions,
+        )
+        prompt: Any = conversation
+        if len(conversation) == 1 and conversation[0]["role"] == "user":
+            prompt = conversation[0]["content"][0]["text"]
+        finished = await run_rollout(agent, prompt, timeout_s=self.settings.timeout_s,
+                                     response_length=self.response_length)
+        finished.raise_if_unexpected()
+        return self._output(agent, finished, kwargs)
+
+    def _output(self, agent: StrandsAgent, finished: FinishedRollout, row: dict[str, Any]) -> AgentLoopOutput:
+        """The ``AgentLoopOutput`` of a finished rollout: its fields, masked when it ended on infrastructure."""
+        end = finished.end
+        infra_error = end.failure if end.infra_failure else ""
+        fields = dict(finished.token_fields())
+        if infra_error:
+            fields["response_mask"] = [0] * len(fields["response_ids"])
+        extra: dict[str, Any] = {
+            "final_answer": end.final_answer,
+            "termination_reason": end.reason.value,
+            "infra_failure": bool(infra_error),
+            "infra_error": infra_error,
+            "num_model_calls": finished.num_model_calls,
+            "num_tool_calls": int(finished.metrics["tool_calls"]),
+            "num_tool_errors": int(finished.metrics["tool_errors"]),
+            "response_truncated": finished.truncated,
+        }
+        session = agent.token_session
+        stats = session if isinstance(session, VerlSession) else VerlSession()
+        low = stats.min_global_steps if stats.min_global_steps is not None else row.get("global_steps")
+        high = stats.max_global_steps if stats.max_global_steps is not None else low
+        if low is not None:
+            extra.update(min_global_steps=int(low), max_global_steps=int(high))
+        tool_seconds = sum(m.total_time for m in agent.event_loop_metrics.tool_metrics.values())
+        return AgentLoopOutput(
+            **fields,
+            metrics=AgentLoopMetrics(generate_sequences=stats.generate_seconds, tool_calls=tool_seconds,
+                                     num_preempted=stats.num_preempted),
+            extra_fields=extra,
+        )
