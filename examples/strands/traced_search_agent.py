@@ -33,6 +33,7 @@ from rllm.data.hotpotqa import load_hotpotqa
 from rllm.eval.search import RetrievalProcess
 from rllm.integrations.strands import NonStreamingOpenAIModel
 from rllm.rewards.search_reward import RewardSearchFn
+from rllm.secret_options import add_secret_argument
 from rllm.testing.scripted_server import ScriptedOpenAIServer, ToyChatTokens
 from rllm.tracing import Backend, ProxyConfig, ProxyProcess, TraceStore, get_chat_client_async, load_trajectory, session
 from rllm.tracing.trajectory import SessionTrajectory
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base-url", help="an OpenAI-compatible model server (default: embedded scripted model)")
     parser.add_argument("--model", default="Qwen/Qwen3-4B", help="the name the server expects")
-    parser.add_argument("--api-key")
+    add_secret_argument(parser, "--api-key", env="OPENAI_API_KEY", help="the server's API key")
     parser.add_argument("--kind", choices=["vllm", "openai"], default="vllm",
                         help="vllm: exact token ids and logprobs; openai: any other OpenAI-compatible API")
     parser.add_argument("--retrieval-url", help="a running retrieval server (default: the embedded index)")
@@ -123,8 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=1024)
     parser.add_argument("--venv", help="the proxy environment (default $RLLM_PROXY_VENV or .cache/litellm-venv)")
     parser.add_argument("--run-dir", default=str(REPO / "runs" / "traced_search"))
-    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = parser.parse_args(argv)
     return asyncio.run(main_async(args))
 
 

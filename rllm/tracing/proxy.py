@@ -12,6 +12,11 @@ so the proxy runs from its own virtual environment::
 The proxy process imports ``rllm.tracing`` from this checkout (its parent directory goes on the
 proxy's ``PYTHONPATH``); only ``rllm.types``/``rllm.tokens`` (pydantic) and standard-library
 modules are loaded there. ``ProxyProcess`` is the same from Python, as a context manager.
+
+A backend's API key never reaches the disk: ``litellm_config.yaml`` names an environment variable
+(``os.environ/RLLM_PROXY_BACKEND_KEY_<i>``, which LiteLLM reads) and only the LiteLLM process gets
+that variable. The run directory is created 0700 and its files 0600. On the command line the key
+comes from ``$OPENAI_API_KEY`` (``--backend-api-key`` works too, with a warning that ``ps`` shows it).
 """
 
 from __future__ import annotations
@@ -33,8 +38,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import rllm
-from rllm.errors import ServerStartError
+from rllm.errors import ProxyError, ServerStartError
 from rllm.processes import ServerProcess, free_port, log_tail
+from rllm.secret_options import add_secret_argument
 
 logger = logging.getLogger(__name__)
 
@@ -44,10 +50,10 @@ VENV_ENV = "RLLM_PROXY_VENV"
 _MARKER = "rllm-proxy-venv.json"
 _HOOKS_MODULE = "rllm_proxy_hooks"
 _PACKAGE_PARENT = Path(rllm.__file__).resolve().parent.parent
-
-
-class ProxyError(RuntimeError):
-    """The proxy environment is missing or the proxy did not start."""
+_KEY_ENV = "RLLM_PROXY_BACKEND_KEY_{index}"
+"""The variable that carries backend ``index``'s API key into the LiteLLM process (never the config file)."""
+API_KEY_ENV = "OPENAI_API_KEY"
+"""Where the command line's ``--backend-api-key`` comes from by default."""
 
 
 # --------------------------------------------------------------------------- environment
@@ -145,21 +151,37 @@ class ProxyConfig:
 
 def _model_entry(config: ProxyConfig, index: int, backend: Backend) -> dict[str, Any]:
     prefix = "rllm_vllm" if backend.kind == "vllm" else "openai"
+    # A reference LiteLLM resolves from its own environment (``backend_key_env``), never the key itself.
+    api_key = f"os.environ/{_KEY_ENV.format(index=index)}" if backend.api_key else "EMPTY"
     params: dict[str, Any] = {"model": f"{prefix}/{backend.model}", "api_base": backend.api_base,
-                              "api_key": backend.api_key or "EMPTY", "timeout": config.timeout}
+                              "api_key": api_key, "timeout": config.timeout}
     return {"model_name": backend.model_name or config.model_name, "litellm_params": params,
             "model_info": {"id": f"backend-{index}"}}
+
+
+def backend_key_env(config: ProxyConfig) -> dict[str, str]:
+    """The environment variables that carry the backends' API keys to the LiteLLM process."""
+    return {_KEY_ENV.format(index=i): b.api_key for i, b in enumerate(config.backends) if b.api_key}
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` readable by its owner only (0600), also when the file already exists."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
 
 
 def write_config(config: ProxyConfig, run_dir: str | Path) -> Path:
     """Write ``litellm_config.yaml`` and the hooks module it loads into ``run_dir``; return the config path.
 
-    The file is JSON, which YAML reads as is.
+    The file is JSON, which YAML reads as is. It holds no API key (see ``backend_key_env``); the
+    directories it creates are 0700 and the files 0600.
     """
     if not config.backends:
         raise ValueError("ProxyConfig needs at least one backend")
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     settings: dict[str, Any] = {
         "drop_params": False,
         "num_retries": config.num_retries,
@@ -178,10 +200,10 @@ def write_config(config: ProxyConfig, run_dir: str | Path) -> Path:
              "token_ids": config.token_ids, "logprobs": config.logprobs, "sticky": config.sticky}
     # Not next to the config: LiteLLM would execute a module found there once per reference (two stores).
     # From ``hooks/`` on PYTHONPATH it is imported once and shared by the callback and the provider.
-    (run_dir / "hooks").mkdir(exist_ok=True)
-    (run_dir / "hooks" / f"{_HOOKS_MODULE}.py").write_text(_HOOKS_TEMPLATE.format(settings=json.dumps(hooks)))
+    (run_dir / "hooks").mkdir(mode=0o700, exist_ok=True)
+    _write_private(run_dir / "hooks" / f"{_HOOKS_MODULE}.py", _HOOKS_TEMPLATE.format(settings=json.dumps(hooks)))
     path = run_dir / "litellm_config.yaml"
-    path.write_text(json.dumps(document, indent=2))
+    _write_private(path, json.dumps(document, indent=2))
     return path
 
 
@@ -271,7 +293,8 @@ class ProxyProcess:
             raise ProxyError(f"no LiteLLM proxy environment at {proxy_venv_path(self._venv)}; create it with "
                              "`python -m rllm.tracing.proxy install` (or set $RLLM_PROXY_VENV)")
         config_path = write_config(self.config, self.run_dir)
-        env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_MASTER_KEY": self.api_key,
+        env = {**os.environ, **backend_key_env(self.config),
+               "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_MASTER_KEY": self.api_key,
                "LITELLM_TELEMETRY": "False", "PYTHONUNBUFFERED": "1",
                "LITELLM_LOG": os.environ.get("LITELLM_LOG", "WARNING"),
                "PYTHONPATH": os.pathsep.join([str(self.run_dir / "hooks"), str(_PACKAGE_PARENT)])}
@@ -280,6 +303,8 @@ class ProxyProcess:
                    "--port", str(self.port), "--num_workers", "1"]
         logger.info("starting the LiteLLM proxy from its own environment %s on %s (log: %s)", root, self.base_url,
                     self.log_path)
+        # The log is the owner's only, like the config: a failing upstream call may be logged with its headers.
+        os.close(os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
         self._server = ServerProcess(command, self.log_path, env=env, cwd=self.run_dir, append=True)
         try:
             self._wait_ready()
@@ -337,7 +362,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     start.add_argument("--backend", action="append", required=True, help="a backend's /v1 URL (repeat for replicas)")
     start.add_argument("--served-model", required=True, help="the model name the backends expect")
     start.add_argument("--kind", choices=["vllm", "openai"], default="vllm")
-    start.add_argument("--backend-api-key")
+    add_secret_argument(start, "--backend-api-key", env=API_KEY_ENV, help="the backends' API key")
     start.add_argument("--model-name", default="policy", help="the name clients use")
     start.add_argument("--db", required=True, help="SQLite trace store")
     start.add_argument("--port", type=int)
@@ -350,7 +375,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command-line entry point."""
+    """Command-line entry point; exit status 2 when the proxy cannot start."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = _parse_args(argv)
     if args.command == "install":
@@ -376,14 +401,21 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM (`kill PID`) takes the same way out as Ctrl-C, so the LiteLLM process group, which runs in
     # its own session, is stopped with this process instead of being left orphaned on its port.
     signal.signal(signal.SIGTERM, _interrupt)
-    with proxy:
+    try:
+        proxy.start()
+    except ProxyError as error:
+        proxy.close()
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    try:
         print(f"proxy ready: base_url={proxy.base_url} api_key={proxy.api_key} model={config.model_name} "
               f"pid={os.getpid()} (stop: Ctrl-C or kill {os.getpid()})", flush=True)
-        try:
-            while proxy.running:
-                time.sleep(1.0)
-        except KeyboardInterrupt:
-            logger.info("stopping the proxy")
+        while proxy.running:
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        logger.info("stopping the proxy")
+    finally:
+        proxy.close()
     return 0
 
 

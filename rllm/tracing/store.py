@@ -6,8 +6,8 @@ readers in this or other processes never block it). Nothing is dropped: a full q
 on the futures of its traces and on the next ``flush()``. Reads go through a separate
 connection and return a session's traces ordered by their per-session sequence number.
 
-This module depends on the standard library only: it also runs inside the LiteLLM proxy's own
-virtual environment (see ``rllm.tracing.proxy``).
+This module depends on the standard library and ``rllm.errors`` (itself standard library only): it
+also runs inside the LiteLLM proxy's own virtual environment (see ``rllm.tracing.proxy``).
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from rllm.errors import StoreWriteError
 
 logger = logging.getLogger(__name__)
 
@@ -42,10 +44,6 @@ _SCHEMA = (
         metadata TEXT NOT NULL,
         created_at REAL NOT NULL)""",
 )
-
-
-class StoreWriteError(RuntimeError):
-    """Traces could not be written after all retries."""
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from stat import S_IMODE
 from typing import Any
 
 import httpx
@@ -23,6 +24,7 @@ import pytest
 from strands import Agent, tool
 from strands.models.openai import OpenAIModel
 
+from fixtures.keyed_server import KeyedOpenAIServer
 from rllm.integrations.strands import NonStreamingOpenAIModel
 from rllm.testing.scripted_server import ScriptedOpenAIServer, ScriptedReply, ScriptedToolCall, ToyChatTokens
 from rllm.tracing import (
@@ -40,6 +42,7 @@ from rllm.tracing import (
     load_trajectory,
     session,
 )
+from rllm.tracing.proxy import backend_key_env, write_config
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -408,3 +411,67 @@ def test_the_proxy_cli_stopped_by_the_pid_it_prints_leaves_no_process_and_frees_
     finally:
         if cli.poll() is None:
             cli.kill()
+
+
+# --------------------------------------------------------------------------- secrets
+def test_the_config_on_disk_names_the_key_s_variable_and_only_its_owner_reads_it(tmp_path: Path) -> None:
+    config = ProxyConfig([Backend("http://127.0.0.1:9/v1", "m", api_key="sk-upstream-secret-1"),
+                          Backend("http://127.0.0.1:9/v1", "m")], db_path=tmp_path / "traces.db")
+    run_dir = tmp_path / "run"
+    path = write_config(config, run_dir)
+    text = path.read_text()
+    assert "sk-upstream-secret-1" not in text
+    entries = json.loads(text)["model_list"]
+    assert [e["litellm_params"]["api_key"] for e in entries] == ["os.environ/RLLM_PROXY_BACKEND_KEY_0", "EMPTY"]
+    assert backend_key_env(config) == {"RLLM_PROXY_BACKEND_KEY_0": "sk-upstream-secret-1"}
+    assert S_IMODE(run_dir.stat().st_mode) == 0o700
+    for written in (path, run_dir / "hooks" / "rllm_proxy_hooks.py"):
+        assert S_IMODE(written.stat().st_mode) == 0o600, written
+    assert not any("sk-upstream-secret-1" in f.read_text() for f in run_dir.rglob("*") if f.is_file())
+
+
+@pytest.mark.parametrize("kind", ["vllm", "openai"])
+def test_a_backend_key_reaches_the_backend_through_the_environment_only(
+        proxy_venv: Path, tmp_path: Path, kind: str) -> None:
+    key = "sk-upstream-secret-2"
+    with KeyedOpenAIServer(key, "hello") as backend:
+        config = ProxyConfig([Backend(backend.base_url, "keyed", api_key=key, kind=kind)],
+                             db_path=tmp_path / "traces.db")
+        with ProxyProcess(config, run_dir=tmp_path / "run", venv=proxy_venv) as running:
+            reply = get_chat_client(running.base_url, running.api_key, max_retries=0).chat.completions.create(
+                model="policy", messages=[{"role": "user", "content": "hi"}])
+            assert reply.choices[0].message.content == "hello"
+            files = [f for f in (tmp_path / "run").rglob("*") if f.is_file()]
+            assert files and not any(key in f.read_text(errors="replace") for f in files)
+    assert f"Bearer {key}" in backend.authorizations
+
+
+def test_the_proxy_cli_takes_the_backend_key_from_the_environment_and_warns_when_typed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        caplog: pytest.LogCaptureFixture) -> None:
+    from rllm.tracing import proxy as proxy_cli
+
+    with pytest.raises(SystemExit):
+        proxy_cli.main(["start", "--help"])
+    assert "$OPENAI_API_KEY" in capsys.readouterr().out
+    captured: list[ProxyConfig] = []
+
+    class _NoVenv(ProxyProcess):
+        def __init__(self, config: ProxyConfig, **kwargs: Any) -> None:
+            captured.append(config)
+            super().__init__(config, **kwargs)
+
+    monkeypatch.setattr(proxy_cli, "ProxyProcess", _NoVenv)
+    argv = ["start", "--backend", "http://127.0.0.1:9/v1", "--served-model", "m", "--db", str(tmp_path / "t.db"),
+            "--venv", str(tmp_path / "no-venv"), "--run-dir", str(tmp_path / "run")]
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-from-env")
+    with caplog.at_level(logging.WARNING, logger="rllm.secret_options"):
+        assert proxy_cli.main(argv) == 2  # no proxy environment there: a clear error, no traceback
+    assert captured[-1].backends[0].api_key == "sk-from-env" and not caplog.records
+    assert "error: no LiteLLM proxy environment" in capsys.readouterr().err
+    with caplog.at_level(logging.WARNING, logger="rllm.secret_options"):
+        assert proxy_cli.main([*argv, "--backend-api-key", "sk-typed"]) == 2
+    assert captured[-1].backends[0].api_key == "sk-typed"
+    (record,) = caplog.records
+    assert record.getMessage() == ("--backend-api-key on the command line is visible to every user of this machine "
+                                   "(ps); set OPENAI_API_KEY in the environment instead")

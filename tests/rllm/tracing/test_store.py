@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from rllm.errors import InfrastructureError
 from rllm.tracing.store import StoreWriteError, TraceStore
 
 
@@ -79,8 +80,10 @@ def test_a_write_error_is_retried_then_surfaces(tmp_path: Path) -> None:
     blocker = sqlite3.connect(path, isolation_level=None)
     blocker.execute("BEGIN EXCLUSIVE")  # another writer holds the database for longer than all retries
     future = store.put(_trace("s", 0))
-    with pytest.raises(StoreWriteError, match="failed"):
+    with pytest.raises(StoreWriteError, match="failed") as raised:
         future.result(timeout=30)
+    # Not the policy's doing: a rollout whose traces could not be stored is retried and masked, never scored.
+    assert isinstance(raised.value, InfrastructureError)
     with pytest.raises(StoreWriteError):
         store.flush(timeout=30)
     blocker.execute("ROLLBACK")
