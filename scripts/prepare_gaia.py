@@ -2,13 +2,14 @@
 
 GAIA is gated on the Hugging Face Hub: accept its conditions on
 https://huggingface.co/datasets/gaia-benchmark/GAIA while logged in, then pass a token with read
-access (``--token``, or ``HF_TOKEN``, or a prior ``hf auth login``). The files land in
-``DATA_DIR/2023/<split>/``: the questions in ``metadata.jsonl`` (written from the repository's
-``metadata.parquet`` when the repository has no JSONL) and each attachment beside them, which is
-the layout ``rllm.data.gaia.load_gaia`` and ``examples/strands/eval_gaia.py --data-dir`` read.
+access (``HF_TOKEN``, or a prior ``hf auth login``; ``--token`` works too, with a warning that
+``ps`` shows it). The files land in ``DATA_DIR/2023/<split>/``: the questions in
+``metadata.jsonl`` (written from the repository's ``metadata.parquet`` when the repository has no
+JSONL) and each attachment beside them, which is the layout ``rllm.data.gaia.load_gaia`` and
+``examples/strands/eval_gaia.py --data-dir`` read.
 
-    python scripts/prepare_gaia.py --data-dir data/gaia                    # validation and test
-    python scripts/prepare_gaia.py --data-dir data/gaia --split validation --token hf_...
+    HF_TOKEN=hf_... python scripts/prepare_gaia.py --data-dir data/gaia    # validation and test
+    python scripts/prepare_gaia.py --data-dir data/gaia --split validation  # with a saved `hf auth login`
 
 Failures (no token, no access, no network) end with a message saying what to do, exit status 1.
 """
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rllm.data.gaia import load_gaia
+from rllm.secret_options import add_secret_argument
 
 logger = logging.getLogger("prepare_gaia")
 
@@ -84,8 +86,7 @@ def download(data_dir: Path, splits: list[str], token: str, revision: str | None
     except HfHubHTTPError as error:
         status = getattr(getattr(error, "response", None), "status_code", None)
         if status == 401:
-            raise PrepareError("the Hub rejected the token (HTTP 401): pass a valid token with --token or "
-                               "HF_TOKEN") from error
+            raise PrepareError("the Hub rejected the token (HTTP 401): set a valid token in HF_TOKEN") from error
         first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise PrepareError(f"the Hub answered with an error: {first_line}") from error
     except OSError as error:
@@ -143,10 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", type=Path, default=Path("data/gaia"), help="where to put the dataset")
     parser.add_argument("--split", action="append", choices=SPLITS, help="split to fetch (repeatable; default: both)")
-    parser.add_argument("--token", help="Hugging Face token with access to GAIA (default: HF_TOKEN or the saved login)")
+    add_secret_argument(parser, "--token", env="HF_TOKEN",
+                        help="Hugging Face token with access to GAIA (without either: the saved `hf auth login`)")
     parser.add_argument("--revision", help="dataset revision (branch, tag or commit); default: main")
-    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args = parser.parse_args(argv)
     for noisy in ("httpx", "huggingface_hub"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
     splits = args.split or list(SPLITS)
@@ -154,8 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         token = resolve_token(args.token)
         if not token:
             raise PrepareError(f"no Hugging Face token: {REPO_ID} is gated. Accept its conditions on {DATASET_URL}, "
-                               "create a read token at https://huggingface.co/settings/tokens, and pass it with "
-                               "--token or the HF_TOKEN environment variable")
+                               "create a read token at https://huggingface.co/settings/tokens, and set it in "
+                               "the HF_TOKEN environment variable")
         args.data_dir.mkdir(parents=True, exist_ok=True)
         root = download(args.data_dir, splits, token, args.revision)
         lines = []

@@ -4,6 +4,8 @@
 ``2023/<split>/metadata.jsonl`` (one JSON object per task with ``task_id``, ``Question``,
 ``Level``, ``Final answer`` and ``file_name``) with each task's attachment beside it. The
 repository's newer ``metadata.parquet`` is read when no ``metadata.jsonl`` is present.
+``GAIA_DEMO_DIR`` holds a few tasks in that layout, written for rllm and shipped as package data,
+on which the evaluation runs offline.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ GAIA_YEAR = "2023"
 GAIA_SPLITS = ("validation", "test")
 GAIA_LEVELS = (1, 2, 3)
 _REQUIRED = ("task_id", "Question", "Level")
+
+GAIA_DEMO_DIR = Path(__file__).resolve().parent / "gaia_demo"
+"""Demo tasks in GAIA's layout (eight validation, one test), package data: found in a normal install as in a clone."""
 
 
 def gaia_split_dir(data_dir: str | Path, split: str = "validation", year: str = GAIA_YEAR) -> Path:

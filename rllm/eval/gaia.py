@@ -11,12 +11,16 @@ Written to ``--out``: ``episodes.jsonl`` (one episode per task, streamed; a reru
 level) and ``submission.jsonl`` (GAIA leaderboard format). Infrastructure failures (engine
 unreachable, timeouts) are reported apart and left out of accuracy.
 
+The model options are the search eval's (``rllm.eval.models``): ``--base-url URL --model NAME``
+(any OpenAI-compatible endpoint, its key from ``$OPENAI_API_KEY``; ``--vllm`` for token ids and
+logprobs), ``--model PATH_OR_HUB_NAME`` (a local model run in process) or ``--scripted``.
+
     # the real benchmark, against any OpenAI-compatible endpoint
     python scripts/prepare_gaia.py --data-dir data/gaia            # needs an HF token with GAIA access
     python examples/strands/eval_gaia.py --data-dir data/gaia --base-url http://127.0.0.1:30000/v1 \\
         --model Qwen/Qwen3-8B --level 1 --limit 20 --n-parallel 8 --out runs/gaia
 
-    # offline: a scripted model on the shipped GAIA-format fixture
+    # offline: a scripted model on the demo tasks shipped in the package (rllm/data/gaia_demo)
     python examples/strands/eval_gaia.py --scripted --out runs/gaia-demo
 """
 
@@ -26,28 +30,23 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from rllm.agents.gaia import GaiaWorkflow, scripted_gaia_policy
-from rllm.data.gaia import GAIA_LEVELS, load_gaia
-from rllm.engine.rollout import OpenAIEngine
+from rllm.data.gaia import GAIA_DEMO_DIR, GAIA_LEVELS, load_gaia
+from rllm.errors import InfrastructureFailureRateError, SetupError, SystemicFailureError
+from rllm.eval.models import add_model_arguments, check_model_arguments, choose_model, open_engine
 from rllm.integrations.strands import Budget
 from rllm.rewards.gaia_reward import gaia_ground_truth
-from rllm.testing.scripted_server import ScriptedOpenAIServer
 from rllm.tools import SandboxUnavailableError, describe_isolation
 from rllm.types import Episode
 from rllm.workflows import AgentWorkflowEngine
 
 logger = logging.getLogger(__name__)
 
-ROOT = Path(__file__).resolve().parents[2]
-FIXTURE_DIR = ROOT / "tests" / "fixtures" / "gaia"
 
 def _level_row() -> dict[str, Any]:
     return {"tasks": 0, "scored": 0, "correct": 0, "infrastructure_failures": 0, "unscored": 0, "accuracy": None}
@@ -156,88 +155,72 @@ def write_outputs(report: dict[str, Any], episodes: list[Episode], out_dir: Path
 
 
 # --------------------------------------------------------------------------- main
-def _check_endpoint(base_url: str, api_key: str) -> str | None:
-    """A reason the endpoint cannot be used, or ``None``; only a connection failure counts."""
-    try:
-        httpx.get(f"{base_url.rstrip('/')}/models", headers={"Authorization": f"Bearer {api_key}"}, timeout=10.0)
-    except httpx.HTTPError as error:
-        return f"cannot reach {base_url} ({type(error).__name__}: {error})"
-    return None
-
-
-async def evaluate(args: argparse.Namespace, tasks: list[dict[str, Any]]) -> list[Episode]:
-    """Run every task through the engine; episodes come back in task order."""
-    sampling = {"temperature": args.temperature, "max_tokens": args.max_tokens}
-    rollout = OpenAIEngine(model=args.model, base_url=args.base_url, api_key=args.api_key,
-                           timeout=args.request_timeout, max_retries=args.max_retries, **sampling)
+async def evaluate(args: argparse.Namespace, tasks: list[dict[str, Any]], engine: Any) -> list[Episode]:
+    """Run every task through ``engine``; episodes come back in task order."""
     workflow_args = {
         "work_root": args.out / "work",
         "budget": Budget(max_model_turns=args.max_turns, max_tool_calls=args.max_tool_calls),
         "tool_options": {"python_timeout": args.python_timeout, "include_http": not args.no_http,
                          "python_sandbox": args.python_sandbox},
     }
-    engine = AgentWorkflowEngine(GaiaWorkflow, workflow_args, rollout, n_parallel_tasks=args.n_parallel,
+    runner = AgentWorkflowEngine(GaiaWorkflow, workflow_args, engine, n_parallel_tasks=args.n_parallel,
                                  retry_limit=args.retry_limit, rollout_timeout=args.rollout_timeout,
                                  output_path=args.out / "episodes.jsonl", progress=not args.no_progress)
     try:
-        return await engine.execute_tasks(tasks)
+        return await runner.execute_tasks(tasks)
     finally:
-        await rollout.close()
+        close = getattr(engine, "close", None)
+        if close is not None:
+            await close()
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--base-url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:30000/v1")
-    parser.add_argument("--model", help="model name sent to the endpoint")
-    parser.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY", "EMPTY"))
-    parser.add_argument("--scripted", action="store_true",
-                        help="offline demo: an embedded scripted model (default data: the shipped fixture)")
-    parser.add_argument("--data-dir", type=Path, help="directory written by scripts/prepare_gaia.py")
-    parser.add_argument("--split", default="validation", choices=["validation", "test"])
-    parser.add_argument("--level", type=int, action="append", choices=list(GAIA_LEVELS),
-                        help="keep only this level (repeat for several)")
-    parser.add_argument("--limit", type=int, help="keep the first N tasks (after --level)")
-    parser.add_argument("--n-parallel", type=int, default=8, help="tasks run at once")
-    parser.add_argument("--out", type=Path, default=Path("runs/gaia"), help="output directory (resumed if it exists)")
-    parser.add_argument("--max-turns", type=int, default=20, help="model calls per task")
-    parser.add_argument("--max-tool-calls", type=int, default=40, help="tool calls per task")
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--max-tokens", type=int, default=4096, help="completion tokens per model call")
-    parser.add_argument("--python-timeout", type=float, default=30.0, help="seconds per python_exec call")
-    parser.add_argument("--rollout-timeout", type=float, default=1800.0, help="seconds per task")
-    parser.add_argument("--request-timeout", type=float, default=600.0, help="seconds per model request")
-    parser.add_argument("--max-retries", type=int, default=5, help="retries of one model request (429, 5xx, network)")
-    parser.add_argument("--retry-limit", type=int, default=2, help="reruns of a task after an infrastructure failure")
-    parser.add_argument("--no-http", action="store_true", help="leave out the http_request tool")
-    parser.add_argument("--unsafe-python-exec", action="store_true",
-                        help="where no bubblewrap sandbox works, run python_exec with the audit-hook guard alone "
-                             "(not a security boundary) instead of refusing to start")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_model_arguments(parser, max_tokens=4096, temperature=0.0, default_model=None)
+    gaia = parser.add_argument_group("GAIA")
+    gaia.add_argument("--data-dir", type=Path,
+                      help="directory written by scripts/prepare_gaia.py (with --scripted, default: the shipped demo "
+                           "tasks in rllm/data/gaia_demo)")
+    gaia.add_argument("--split", default="validation", choices=["validation", "test"])
+    gaia.add_argument("--level", type=int, action="append", choices=list(GAIA_LEVELS),
+                      help="keep only this level (repeat for several)")
+    gaia.add_argument("--limit", type=int, help="keep the first N tasks (after --level)")
+    gaia.add_argument("--n-parallel", type=int, default=8, help="tasks run at once")
+    gaia.add_argument("--out", type=Path, default=Path("runs/gaia"), help="output directory (resumed if it exists)")
+    gaia.add_argument("--max-turns", type=int, default=20, help="model calls per task")
+    gaia.add_argument("--max-tool-calls", type=int, default=40, help="tool calls per task")
+    gaia.add_argument("--python-timeout", type=float, default=30.0, help="seconds per python_exec call")
+    gaia.add_argument("--rollout-timeout", type=float, default=1800.0, help="seconds per task")
+    gaia.add_argument("--retry-limit", type=int, default=2, help="reruns of a task after an infrastructure failure")
+    gaia.add_argument("--no-http", action="store_true", help="leave out the http_request tool")
+    gaia.add_argument("--unsafe-python-exec", action="store_true",
+                      help="where no bubblewrap sandbox works, run python_exec with the audit-hook guard alone "
+                           "(not a security boundary) instead of refusing to start")
+    gaia.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
+    check_model_arguments(parser, args)
     args.python_sandbox = "auto" if args.unsafe_python_exec else "bwrap"
-    if args.scripted:
-        if args.base_url:
-            parser.error("--scripted runs its own model; leave out --base-url")
-        args.model = args.model or "scripted"
-        args.data_dir = args.data_dir or FIXTURE_DIR
-    else:
-        if not args.base_url or not args.model:
-            parser.error("pass --base-url URL and --model NAME (an OpenAI-compatible endpoint), "
-                         "or --scripted for the offline demo on the fixture")
-        if args.data_dir is None:
-            parser.error("pass --data-dir DIR (download GAIA there with scripts/prepare_gaia.py)")
+    if args.data_dir is None:
+        if not args.scripted:
+            parser.error("pass --data-dir DIR (download GAIA there with scripts/prepare_gaia.py), or "
+                         f"--data-dir {GAIA_DEMO_DIR} for the shipped demo tasks")
+        args.data_dir = GAIA_DEMO_DIR
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Load tasks, run them, write and print the report; returns the exit status."""
+    """Load tasks, run them, write and print the report; returns the exit status.
+
+    2: a set-up problem (no data, no sandbox, no model); 1: the run stopped itself (the same error
+    ended several tasks, or too many failed on infrastructure), what finished kept; 130: Ctrl-C.
+    """
     from rich.console import Console
 
-    args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "httpx2", "strands"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    args = parse_args(argv)
     console = Console(stderr=False)
     try:
         tasks = load_gaia(args.data_dir, args.split, level=args.level, limit=args.limit)
@@ -254,30 +237,28 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[red]error:[/red] {error}", highlight=False)
         return 2
     console.print(f"python_exec isolation: {isolation}", highlight=False)
-    args.out.mkdir(parents=True, exist_ok=True)
-
-    server = None
-    if args.scripted:
-        server = ScriptedOpenAIServer(scripted_gaia_policy, model=args.model).start()
-        args.base_url = server.base_url
-        logger.info("scripted model at %s plays the policy", args.base_url)
-    else:
-        problem = _check_endpoint(args.base_url, args.api_key)
-        if problem is not None:
-            console.print(f"[red]error:[/red] {problem}; start the server or fix --base-url", highlight=False)
-            return 2
-    logger.info("%d GAIA %s tasks from %s; output in %s", len(tasks), args.split, args.data_dir, args.out)
+    episodes_path = args.out / "episodes.jsonl"
     started = time.perf_counter()
     try:
-        episodes = asyncio.run(evaluate(args, tasks))
+        choice = choose_model(args, console)
+        args.out.mkdir(parents=True, exist_ok=True)
+        with open_engine(args, choice, scripted_gaia_policy, "scripted (GAIA policy)") as (engine, description):
+            console.print(f"model: {description}", highlight=False)
+            logger.info("%d GAIA %s tasks from %s; output in %s", len(tasks), args.split, args.data_dir, args.out)
+            episodes = asyncio.run(evaluate(args, tasks, engine))
+    except SetupError as error:
+        console.print(f"[red]error:[/red] {error}", highlight=False)
+        return 2
+    except (SystemicFailureError, InfrastructureFailureRateError) as error:
+        console.print(f"[red]run stopped:[/red] {error}\nfinished episodes are kept in {episodes_path}",
+                      highlight=False)
+        return 1
     except KeyboardInterrupt:
-        console.print(f"interrupted; finished episodes are kept in {args.out / 'episodes.jsonl'} "
+        console.print(f"interrupted; finished episodes are kept in {episodes_path} "
                       "and a rerun with the same --out resumes", highlight=False)
         return 130
-    finally:
-        if server is not None:
-            server.stop()
-    meta = {"model": args.model, "base_url": None if args.scripted else args.base_url, "scripted": args.scripted,
+    meta = {"model": choice.name, "model_kind": choice.kind, "engine": description,
+            "base_url": args.base_url if choice.kind == "endpoint" else None, "scripted": args.scripted,
             "split": args.split, "data_dir": str(args.data_dir), "levels_selected": args.level or list(GAIA_LEVELS),
             "limit": args.limit, "python_isolation": isolation,
             "wall_time_s": round(time.perf_counter() - started, 2)}
@@ -290,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         for failure in report["infrastructure_failures"]:
             console.print(f"  {failure['task_id']} (level {failure['level']}): {failure['reason']} {failure['error']}",
                           highlight=False)
-    console.print(f"episodes: {args.out / 'episodes.jsonl'}\nreport:   {args.out / 'report.json'}\n"
+    console.print(f"episodes: {episodes_path}\nreport:   {args.out / 'report.json'}\n"
                   f"chart:    {args.out / 'accuracy.png'}\nsummary:  {args.out / 'summary.txt'}", highlight=False)
     return 0
 

@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.panel import Panel
 
 from rllm.eval.reports import format_trajectory, search_report
-from rllm.eval.search import RUNS_DIR, add_model_arguments, check_model_arguments, run_search_cli
+from rllm.eval.search import RUNS_DIR, add_search_arguments, check_search_arguments, run_search_cli
 from rllm.types import Episode
 
 
@@ -37,7 +37,7 @@ def _sample(episodes: list[Episode]) -> Episode:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_model_arguments(parser, max_tokens=512)
+    add_search_arguments(parser, max_tokens=512)
     run = parser.add_argument_group("run")
     run.add_argument("--n", type=int, default=5, help="questions from the shipped HotpotQA sample (default 5)")
     run.add_argument("--rollouts", type=int, default=1, help="rollouts per question")
@@ -57,9 +57,9 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run the demo; exit status 0 on success, 2 on a set-up problem (no model, no server), 130 on Ctrl-C."""
     parser = _parser()
-    args = parser.parse_args(argv)
-    check_model_arguments(parser, args)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = parser.parse_args(argv)
+    check_search_arguments(parser, args)
     console = Console()
     args.output_dir.mkdir(parents=True, exist_ok=True)
     episodes_path = args.output_dir / "episodes.jsonl"

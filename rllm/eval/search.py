@@ -5,9 +5,10 @@ A Strands agent with the ``local_search`` retrieval tool answers HotpotQA questi
 resumes), and the report gives exact match, F1, pass@k, mean turns and tool calls, and the
 termination reasons (infrastructure failures apart, never scored as wrong).
 
-The model, one of:
+The model (``rllm.eval.models``, shared with the GAIA eval), one of:
     --scripted                         an embedded scripted model (search once, copy the top title)
-    --base-url URL --model NAME        any OpenAI-compatible endpoint (add --vllm for token ids)
+    --base-url URL --model NAME        any OpenAI-compatible endpoint (add --vllm for token ids);
+                                       its key from $OPENAI_API_KEY
     --model PATH_OR_HUB_NAME           a local Hugging Face model run in process (TransformersEngine)
 
 Retrieval: --retrieval-url URL, or by default the embedded index over the shipped HotpotQA
@@ -30,23 +31,22 @@ import os
 import re
 import sys
 import time
-import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 from rich.console import Console
 
 from rllm.agents.search import DEFAULT_SEARCH_BUDGET, scripted_search_reply, search_workflow_args
 from rllm.data.hotpotqa import load_hotpotqa
-from rllm.engine.rollout import OpenAIEngine
-from rllm.errors import (
-    InfrastructureFailureRateError,
-    ModelUnreachableError,
-    ServerStartError,
-    SetupError,
-    SystemicFailureError,
+from rllm.errors import InfrastructureFailureRateError, ServerStartError, SetupError, SystemicFailureError
+from rllm.eval.models import (
+    add_model_arguments,
+    check_model_arguments,
+    check_reachable,
+    choose_model,
+    open_engine,
+    url_problem,
 )
 from rllm.eval.reports import print_report, search_report
 from rllm.integrations.strands import Budget
@@ -60,95 +60,6 @@ RUNS_DIR = Path("runs")
 """Where runs write by default, relative to the working directory (the clone's root in the README)."""
 LAUNCH_RAG = importlib.resources.files("rag") / "launch_rag.sh"
 """The retrieval launcher, package data of ``rag``: found in a normal install as in a clone."""
-DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
-TINY_MODEL_HINT = (
-    "python -c \"from pathlib import Path; from rllm.testing.tiny_models import build_tiny_model_dir; "
-    "build_tiny_model_dir(Path('/tmp/tiny-qwen3'))\""
-)
-
-
-# ---------------------------------------------------------------------------------------- model
-def _first_line(error: BaseException) -> str:
-    return (str(error).strip().splitlines() or [type(error).__name__])[0].removeprefix("Got: ")
-
-
-def resolve_model(name_or_path: str) -> str:
-    """A local directory for ``name_or_path``: the directory itself, or the hub snapshot (downloaded once).
-
-    Raises ``SetupError`` with a one-paragraph explanation when the hub cannot be reached and the
-    model is not cached, or when the name or directory does not exist.
-    """
-    path = Path(name_or_path).expanduser()
-    if path.is_dir():
-        return str(path)
-    if name_or_path.startswith(("/", ".", "~")) or name_or_path.count("/") > 1:
-        raise SetupError(f"--model {name_or_path}: no such directory. Give a local model directory (config.json, "
-                         f"weights and tokenizer), or a Hugging Face hub name such as {DEFAULT_MODEL}.")
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError, RepositoryNotFoundError
-
-    try:
-        return snapshot_download(name_or_path, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model",
-                                                               "*.jinja", "tokenizer*"])
-    except (LocalEntryNotFoundError, httpx.HTTPError, ConnectionError) as error:
-        from huggingface_hub import constants
-
-        if constants.HF_HUB_OFFLINE:
-            why = "hub access is switched off (HF_HUB_OFFLINE=1)"
-        else:
-            why = f"the Hugging Face hub cannot be reached from this machine ({_first_line(error)})"
-        raise ModelUnreachableError(
-            f"The model {name_or_path} could not be fetched: {why} and the model is not in the local cache "
-            f"({os.environ.get('HF_HOME', '~/.cache/huggingface')}). Pass a local model directory with "
-            f"--model PATH (a directory with config.json, the weights and the tokenizer, e.g. one saved by "
-            f"save_pretrained or downloaded elsewhere with `hf download {name_or_path}`), or an "
-            f"OpenAI-compatible endpoint with --base-url URL --model NAME, or add --scripted to watch the loop "
-            f"with a scripted model. A tiny random model for a smoke test: {TINY_MODEL_HINT}",
-            why,
-        ) from None
-    except (RepositoryNotFoundError, HFValidationError) as error:
-        raise SetupError(f"--model {name_or_path}: not a model on the Hugging Face hub ({_first_line(error)})."
-                         " Give a hub name such as Qwen/Qwen3-0.6B or a local directory.") from None
-
-
-@contextlib.contextmanager
-def rollout_engine(args: argparse.Namespace, model_path: str | None = None) -> Iterator[tuple[Any, str]]:
-    """The rollout engine the arguments ask for, and a one-line description of it.
-
-    ``model_path`` is the resolved local directory of ``--model`` when it runs in process.
-    """
-    sampling = {"temperature": args.temperature, "max_tokens": args.max_tokens}
-    if args.scripted:
-        from rllm.testing.scripted_server import ScriptedOpenAIServer
-
-        server = ScriptedOpenAIServer(scripted_search_reply).start()
-        try:
-            yield OpenAIEngine("scripted", server.base_url, max_retries=2), "scripted (search, copy a title)"
-        finally:
-            server.stop()
-        return
-    if args.base_url:
-        yield (OpenAIEngine(args.model, args.base_url, args.api_key, return_token_ids=args.vllm, **sampling),
-               f"{args.model} at {args.base_url}")
-        return
-    from rllm.engine.rollout.transformers_engine import TransformersEngine
-
-    name = args.model or DEFAULT_MODEL
-    path = model_path or resolve_model(name)
-    device = args.device
-    if device is None:
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        engine = TransformersEngine(path, device=device, tool_parser="hermes",
-                                    chat_template_kwargs={"enable_thinking": args.thinking}, **sampling)
-    except (OSError, ValueError) as error:
-        raise SetupError(f"--model {name}: could not load a causal LM and its tokenizer from {path} "
-                         f"({_first_line(error)}).") from None
-    if getattr(args, "random_weights", False):
-        name = RANDOM_WEIGHTS_LABEL
-    yield engine, f"{name} (transformers, {device})"
 
 
 # ------------------------------------------------------------------------------------ retrieval
@@ -189,40 +100,6 @@ class RetrievalProcess:
         self.stop()
 
 
-RANDOM_WEIGHTS_LABEL = "random-weight Qwen3 (plumbing only: random weights, real Qwen tokenizer and chat template)"
-
-
-def _random_weight_fallback(args: argparse.Namespace, error: ModelUnreachableError, console: Console) -> str:
-    """Say in one line that the default model cannot be had, and build the small random-weight Qwen3 instead."""
-    from rllm.testing.tiny_models import build_random_qwen3_dir
-
-    console.print(f"{DEFAULT_MODEL} cannot be fetched: {error.why}. Running the same pipeline on a small "
-                  f"{RANDOM_WEIGHTS_LABEL}.", highlight=False)
-    args.random_weights = True
-    return str(build_random_qwen3_dir())
-
-
-def check_reachable(url: str, path: str, what: str, timeout: float = 5.0) -> None:
-    """Raise ``SetupError`` when nothing answers at ``url`` (any HTTP status counts as an answer).
-
-    Checked before any work starts, so a wrong or dead URL costs one line and a few seconds
-    instead of every rollout's retries.
-    """
-    try:
-        httpx.get(url.rstrip("/") + path, timeout=timeout)
-    except httpx.HTTPError as error:
-        raise SetupError(f"{what} at {url} is unreachable ({type(error).__name__}: {error or 'no answer'}); "
-                         f"start it or fix the URL") from error
-
-
-def _url_problem(url: str) -> str | None:
-    """Why ``url`` is not an http(s) URL with a host, or None when it is."""
-    parsed = urllib.parse.urlparse(url)
-    if parsed.scheme not in ("http", "https") or not parsed.netloc:
-        return f"{url!r} is not an http:// or https:// URL with a host (e.g. http://127.0.0.1:30000/v1)"
-    return None
-
-
 @contextlib.contextmanager
 def model_and_retrieval(args: argparse.Namespace, log_path: Path, console: Console) -> Iterator[tuple[Any, str, str]]:
     """The rollout engine, its description and the retrieval URL, for the duration of a run.
@@ -230,17 +107,8 @@ def model_and_retrieval(args: argparse.Namespace, log_path: Path, console: Conso
     A missing model fails first, before anything starts; the embedded retrieval server (unless
     ``--retrieval-url`` names one) boots while the model loads, and is stopped on exit.
     """
-    local = not (args.scripted or args.base_url)
-    model_path = None
-    if local:
-        try:
-            model_path = resolve_model(args.model or DEFAULT_MODEL)
-        except ModelUnreachableError as error:
-            if args.model:
-                raise
-            model_path = _random_weight_fallback(args, error, console)
-    if args.base_url:
-        check_reachable(args.base_url, "/models", "model endpoint (--base-url)")
+    choice = choose_model(args, console)
+    args.random_weights = choice.random_weights
     if args.retrieval_url:
         check_reachable(args.retrieval_url, "/health", "retrieval server (--retrieval-url)")
     with contextlib.ExitStack() as stack:
@@ -249,9 +117,10 @@ def model_and_retrieval(args: argparse.Namespace, log_path: Path, console: Conso
             console.print("[dim]retrieval: starting the embedded HotpotQA index (built once on first use) ...[/dim]")
             server = stack.enter_context(RetrievalProcess(log_path, index_dir=args.index_dir))
         started = time.perf_counter()
-        if local and not getattr(args, "random_weights", False):
-            console.print(f"[dim]model: loading {args.model or DEFAULT_MODEL} ...[/dim]")
-        engine, description = stack.enter_context(rollout_engine(args, model_path))
+        if choice.kind == "local" and not choice.random_weights:
+            console.print(f"[dim]model: loading {choice.name} ...[/dim]")
+        engine, description = stack.enter_context(open_engine(args, choice, scripted_search_reply,
+                                                              "scripted (search, copy a title)"))
         url = args.retrieval_url
         if server is not None:
             health = server.wait_ready()
@@ -301,35 +170,20 @@ def run_search_cli(args: argparse.Namespace, console: Console, log_path: Path, e
         return 130
 
 
-def add_model_arguments(parser: argparse.ArgumentParser, *, max_tokens: int) -> None:
-    """The model, retrieval and sampling options shared by the eval and the quickstart."""
-    model = parser.add_argument_group("model (default: Qwen/Qwen3-0.6B run locally with transformers)")
-    model.add_argument("--model", default=None,
-                       help="local model directory or hub name (run in process); with --base-url: the served name")
-    model.add_argument("--base-url", default=None, help="an OpenAI-compatible endpoint, e.g. http://127.0.0.1:30000/v1")
-    model.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY", "EMPTY"))
-    model.add_argument("--vllm", action="store_true", help="ask a vLLM endpoint for token ids and logprobs")
-    model.add_argument("--scripted", action="store_true", help="an embedded scripted model instead (offline demo)")
-    model.add_argument("--device", default=None, help="for a local model: cpu or cuda (default: cuda if available)")
-    model.add_argument("--thinking", action="store_true", help="let Qwen3 think (<think>) before answering")
-    model.add_argument("--temperature", type=float, default=None,
-                       help="sampling temperature (default: 0 for one rollout, 0.7 for several)")
-    model.add_argument("--max-tokens", type=int, default=max_tokens, help="tokens per model turn")
+def add_search_arguments(parser: argparse.ArgumentParser, *, max_tokens: int) -> None:
+    """The model (``rllm.eval.models``), sampling and retrieval options shared by the eval and the quickstart."""
+    add_model_arguments(parser, max_tokens=max_tokens)
     rag = parser.add_argument_group("retrieval (default: the embedded HotpotQA index)")
     rag.add_argument("--retrieval-url", default=None, help="use this running rag server instead")
     rag.add_argument("--index-dir", default=None, help="serve this index directory instead of the default one")
 
 
-def check_model_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Reject contradictory model options and fill the temperature default."""
-    if args.scripted and (args.base_url or args.model):
-        parser.error("--scripted replaces the model; drop --model / --base-url")
-    if args.base_url and not args.model:
-        parser.error("--base-url needs --model NAME (the model name the endpoint serves)")
-    for option, url in (("--base-url", args.base_url), ("--retrieval-url", args.retrieval_url)):
-        problem = url and _url_problem(url)
-        if problem:
-            parser.error(f"{option}: {problem}")
+def check_search_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Reject contradictory model or retrieval options and fill the temperature default."""
+    check_model_arguments(parser, args)
+    problem = args.retrieval_url and url_problem(args.retrieval_url)
+    if problem:
+        parser.error(f"--retrieval-url: {problem}")
     if args.temperature is None:
         args.temperature = 0.0 if args.rollouts == 1 else 0.7
     args.random_weights = False
@@ -342,7 +196,7 @@ def _slug(text: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run the evaluation; exit status 0 on success, 2 on a set-up problem, 130 on Ctrl-C."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_model_arguments(parser, max_tokens=1024)
+    add_search_arguments(parser, max_tokens=1024)
     run = parser.add_argument_group("evaluation")
     run.add_argument("--data", default=None, help="HotpotQA JSONL (default: the shipped 100-question dev sample)")
     run.add_argument("--n", type=int, default=None, help="first N questions (default: all)")
@@ -358,12 +212,12 @@ def main(argv: list[str] | None = None) -> int:
                           "a rerun with the same directory resumes")
     run.add_argument("--overwrite", action="store_true", help="start afresh instead of resuming")
     run.add_argument("--no-progress", action="store_true")
-    args = parser.parse_args(argv)
-    check_model_arguments(parser, args)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = parser.parse_args(argv)
+    check_search_arguments(parser, args)
     console = Console()
 
-    name = "scripted" if args.scripted else (args.model or DEFAULT_MODEL)
+    name = "scripted" if args.scripted else (args.model or args.default_model)
     out_dir = args.output_dir or RUNS_DIR / "hotpotqa" / _slug(name)
     out_dir.mkdir(parents=True, exist_ok=True)
     episodes_path = out_dir / "episodes.jsonl"

@@ -1,4 +1,4 @@
-"""GAIA data: the loader on the shipped fixture, and scripts/prepare_gaia.py against a local fake Hub.
+"""GAIA data: the loader on the demo tasks shipped in the package, and scripts/prepare_gaia.py against a local fake Hub.
 
 The fake Hub is a real HTTP server on 127.0.0.1 speaking the parts of the Hugging Face API that
 ``huggingface_hub.snapshot_download`` uses (repo info, tree listing, file resolve), with gating
@@ -23,10 +23,10 @@ import uvicorn
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
-from rllm.data.gaia import load_gaia
+from rllm.data.gaia import GAIA_DEMO_DIR, load_gaia
 
 ROOT = Path(__file__).resolve().parents[3]
-FIXTURE = ROOT / "tests" / "fixtures" / "gaia"
+DEMO = GAIA_DEMO_DIR
 PREPARE = ROOT / "scripts" / "prepare_gaia.py"
 TOKEN = "hf_valid_test_token"
 SHA = "0123456789abcdef0123456789abcdef01234567"
@@ -34,8 +34,8 @@ SHA = "0123456789abcdef0123456789abcdef01234567"
 # ----------------------------------------------------------------------------- loader
 
 
-def test_loader_reads_the_fixture_with_absolute_attachment_paths() -> None:
-    tasks = load_gaia(FIXTURE, "validation")
+def test_loader_reads_the_demo_tasks_with_absolute_attachment_paths() -> None:
+    tasks = load_gaia(DEMO, "validation")
     assert len(tasks) == 8
     assert [t["level"] for t in tasks] == [1, 1, 1, 2, 2, 3, 3, 3]
     first = tasks[0]
@@ -44,22 +44,22 @@ def test_loader_reads_the_fixture_with_absolute_attachment_paths() -> None:
                      "level": 1, "final_answer": "6176", "file_name": None, "file_path": None}
     csv_task = tasks[1]
     path = Path(csv_task["file_path"])
-    assert path.is_absolute() and path.parent == (FIXTURE / "2023" / "validation").resolve()
+    assert path.is_absolute() and path.parent == (DEMO / "2023" / "validation").resolve()
     assert path.read_text().splitlines()[-1] == "TOTAL,40,77,117"
     suffixes = sorted(Path(t["file_path"]).suffix for t in tasks if t["file_path"])
     assert suffixes == [".csv", ".json", ".py", ".py", ".txt"]
 
 
 def test_loader_filters_levels_and_limits() -> None:
-    assert [t["level"] for t in load_gaia(FIXTURE, level=3)] == [3, 3, 3]
-    assert [t["level"] for t in load_gaia(FIXTURE, level=[1, 3], limit=4)] == [1, 1, 1, 3]
-    assert len(load_gaia(FIXTURE / "2023" / "validation", limit=2)) == 2  # a split dir works too
+    assert [t["level"] for t in load_gaia(DEMO, level=3)] == [3, 3, 3]
+    assert [t["level"] for t in load_gaia(DEMO, level=[1, 3], limit=4)] == [1, 1, 1, 3]
+    assert len(load_gaia(DEMO / "2023" / "validation", limit=2)) == 2  # a split dir works too
     with pytest.raises(ValueError, match=r"levels are 1, 2 and 3, not \[4\]"):
-        load_gaia(FIXTURE, level=4)
+        load_gaia(DEMO, level=4)
 
 
 def test_loader_reads_the_test_split_with_hidden_answers() -> None:
-    (task,) = load_gaia(FIXTURE, "test")
+    (task,) = load_gaia(DEMO, "test")
     assert task["final_answer"] == "?" and task["level"] == 1
 
 
@@ -160,10 +160,10 @@ def fake_hub() -> Iterator[object]:
 
 
 def _hub_files() -> dict[str, bytes]:
-    """The fixture, laid out as in the Hub repository, plus files the script must not fetch."""
+    """The demo tasks, laid out as in the Hub repository, plus files the script must not fetch."""
     files = {"README.md": b"# GAIA", "2024/validation/metadata.jsonl": b"{}\n"}
     for split in ("validation", "test"):
-        for path in (FIXTURE / "2023" / split).iterdir():
+        for path in (DEMO / "2023" / split).iterdir():
             files[f"2023/{split}/{path.name}"] = path.read_bytes()
     return files
 
@@ -187,15 +187,18 @@ def test_prepare_downloads_the_splits_with_attachments(tmp_path: Path, fake_hub:
     endpoint = fake_hub(_hub_files())
     run = _prepare(tmp_path, "--token", TOKEN, endpoint=endpoint)
     assert run.returncode == 0, run.stderr
+    # A token typed on the command line still works, with one line saying that `ps` shows it (never the token).
+    assert ("--token on the command line is visible to every user of this machine (ps); set HF_TOKEN in the "
+            "environment instead") in run.stderr and TOKEN not in run.stderr
     assert "validation: 8 tasks (level 1: 3, level 2: 2, level 3: 3), 5 attachments" in run.stdout
     assert "test: 1 tasks (level 1: 1), 0 attachments; answers hidden for 1" in run.stdout
     data = tmp_path / "data"
     assert not (data / "README.md").exists() and not (data / "2024").exists()
     split = data.resolve() / "2023" / "validation"
-    expected = [{**t, "file_path": t["file_path"] and str(split / t["file_name"])} for t in load_gaia(FIXTURE)]
+    expected = [{**t, "file_path": t["file_path"] and str(split / t["file_name"])} for t in load_gaia(DEMO)]
     assert load_gaia(data) == expected
     assert (data / "2023/validation/3f1c2a9e-0b7d-4c55-9a1e-6d2f8b1c0a11.csv").read_bytes() == (
-        FIXTURE / "2023/validation/3f1c2a9e-0b7d-4c55-9a1e-6d2f8b1c0a11.csv").read_bytes()
+        DEMO / "2023/validation/3f1c2a9e-0b7d-4c55-9a1e-6d2f8b1c0a11.csv").read_bytes()
 
 
 def test_prepare_writes_jsonl_from_the_repositorys_parquet(tmp_path: Path, fake_hub: object) -> None:
@@ -216,6 +219,7 @@ def test_prepare_writes_jsonl_from_the_repositorys_parquet(tmp_path: Path, fake_
     assert rows == [{"task_id": "p1", "Question": "How many?", "Level": "2", "Final answer": "3", "file_name": "p1.txt",
                      "file_path": "2023/validation/p1.txt", "Annotator Metadata": {"Steps": "count"}}]
     assert "validation: 1 tasks (level 2: 1), 1 attachments" in run.stdout
+    assert "on the command line" not in run.stderr  # the token came from HF_TOKEN
 
 
 @pytest.mark.parametrize(
@@ -230,6 +234,11 @@ def test_prepare_explains_refused_access(
     run = _prepare(tmp_path, "--token", token, endpoint=fake_hub(_hub_files(), gated=gated))
     assert run.returncode == 1
     assert f"error: {message}" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_prepare_names_the_token_s_variable_in_its_help(tmp_path: Path) -> None:
+    run = _prepare(tmp_path, "--help")
+    assert run.returncode == 0 and "$HF_TOKEN" in " ".join(run.stdout.split())
 
 
 def test_prepare_without_token_or_network_fails_with_a_message(tmp_path: Path) -> None:

@@ -1,14 +1,16 @@
-"""The GAIA eval (``rllm.eval.gaia``, run as examples/strands/eval_gaia.py) end to end on the GAIA-format fixture, with a scripted model.
+"""The GAIA eval (``rllm.eval.gaia``, run as examples/strands/eval_gaia.py) end to end on the shipped demo tasks.
 
-The model is a real OpenAI-compatible server on 127.0.0.1 answering from a script; the agent a
-real Strands loop run through AgentWorkflowEngine with the real GAIA tools in per-task work dirs.
-The scripted policy (see ``scripted_gaia_policy``) gets levels 1, 2 and 3 right on 2 of 3, 2 of 2
-and 1 of 3 fixture tasks.
+The model is a real OpenAI-compatible server on 127.0.0.1 answering from a script (or a tiny
+local model run in process); the agent a real Strands loop run through AgentWorkflowEngine with
+the real GAIA tools in per-task work dirs. The scripted policy (see ``scripted_gaia_policy``) gets
+levels 1, 2 and 3 right on 2 of 3, 2 of 2 and 1 of 3 demo tasks.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,13 +19,14 @@ from typing import Any
 
 import pytest
 
-from rllm.testing.scripted_server import ScriptedReply
+from rllm.data.gaia import GAIA_DEMO_DIR
+from rllm.testing.scripted_server import ScriptedReply, ToyChatTokens
 from rllm.tools.python_exec import sandbox_problem
 from rllm.types import Episode, TerminationReason
 
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "examples" / "strands" / "eval_gaia.py"
-FIXTURE = ROOT / "tests" / "fixtures" / "gaia"
+DEMO = GAIA_DEMO_DIR
 CSV_TASK = "3f1c2a9e-0b7d-4c55-9a1e-6d2f8b1c0a11"
 ATHENS_TASK = "9b8a7c6d-5e4f-4a3b-9c2d-1e0f9a8b7c03"
 # The eval refuses to start without an OS sandbox; where bwrap cannot run, these tests opt out of it.
@@ -84,7 +87,7 @@ def test_scripted_eval_writes_report_summary_and_chart(tmp_path: Path) -> None:
     assert len(episodes) == 8
     csv_episode = episodes[CSV_TASK]
     work_dir = Path(csv_episode.info["work_dir"])
-    assert (work_dir / f"{CSV_TASK}.csv").read_text() == (FIXTURE / f"2023/validation/{CSV_TASK}.csv").read_text()
+    assert (work_dir / f"{CSV_TASK}.csv").read_text() == (DEMO / f"2023/validation/{CSV_TASK}.csv").read_text()
     first_step = csv_episode.trajectories[0].steps[0]
     assert str(work_dir / f"{CSV_TASK}.csv") in json.dumps(first_step.messages)
     assert [(c.name, c.input) for c in first_step.tool_calls] == [("file_read", {"path": f"{CSV_TASK}.csv"})]
@@ -111,7 +114,7 @@ def test_infrastructure_failures_are_reported_apart_not_as_wrong(
 
     server = serve(script)
     out = tmp_path / "run"
-    status = eval_gaia.main(["--base-url", server.base_url, "--model", "scripted", "--data-dir", str(FIXTURE),
+    status = eval_gaia.main(["--base-url", server.base_url, "--model", "scripted", "--data-dir", str(DEMO),
                              "--out", str(out), "--max-retries", "0", "--retry-limit", "1", "--no-progress",
                              "--no-http", "--n-parallel", "4", *SANDBOX_FLAGS])
     assert status == 0
@@ -152,13 +155,19 @@ def test_bad_inputs_fail_with_a_message(
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    status = eval_gaia.main(["--base-url", f"http://127.0.0.1:{port}/v1", "--model", "m", "--data-dir", str(FIXTURE),
+    status = eval_gaia.main(["--base-url", f"http://127.0.0.1:{port}/v1", "--model", "m", "--data-dir", str(DEMO),
                              "--out", str(tmp_path / "o"), *SANDBOX_FLAGS])
     assert status == 2
-    assert f"error: cannot reach http://127.0.0.1:{port}/v1" in capsys.readouterr().out
+    assert f"error: model endpoint (--base-url) at http://127.0.0.1:{port}/v1 is unreachable" in \
+        capsys.readouterr().out.replace("\n", " ")
     with pytest.raises(SystemExit):
-        eval_gaia.main(["--model", "m", "--data-dir", str(FIXTURE)])
-    assert "pass --base-url URL and --model NAME" in capsys.readouterr().err
+        eval_gaia.main(["--data-dir", str(DEMO)])  # GAIA has no default model: one must be named
+    assert "name the model: --model PATH_OR_HUB_NAME (run locally), --base-url URL --model NAME" in \
+        capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        eval_gaia.main(["--model", "m"])
+    assert f"pass --data-dir DIR (download GAIA there with scripts/prepare_gaia.py), or --data-dir {DEMO}" in \
+        capsys.readouterr().err.replace("\n", " ")
 
 
 def test_eval_refuses_to_start_without_a_sandbox_unless_told(
@@ -180,3 +189,101 @@ def test_eval_refuses_to_start_without_a_sandbox_unless_told(
                            "--unsafe-python-exec"]) == 0
     assert "python_exec isolation: audit-hook guard only (UNSAFE" in capsys.readouterr().out
     assert json.loads((out / "report.json").read_text())["python_isolation"].startswith("audit-hook guard only")
+
+
+# --------------------------------------------------------------------------- the model options shared with the search eval
+def test_a_local_model_runs_in_process(tmp_path: Path, eval_gaia: ModuleType) -> None:
+    from rllm.testing.tiny_models import build_tiny_model_dir
+
+    model_dir = build_tiny_model_dir(tmp_path / "tiny")
+    out = tmp_path / "run"
+    assert eval_gaia.main(["--model", str(model_dir), "--data-dir", str(DEMO), "--limit", "2", "--max-tokens", "16",
+                           "--max-turns", "2", "--device", "cpu", "--out", str(out), "--no-progress",
+                           *SANDBOX_FLAGS]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert (report["model"], report["model_kind"], report["base_url"]) == (str(model_dir), "local", None)
+    assert report["engine"] == f"{model_dir} (transformers, cpu)"
+    assert report["overall"]["tasks"] == 2 and report["infrastructure_failures"] == []
+    for episode in _episodes(out):  # token-in/token-out: what the policy sampled, with its loss mask
+        trace = episode.trajectories[0].token_trace
+        assert trace is not None and sum(trace.loss_mask) > 0
+
+
+def test_vllm_token_mode_records_the_token_ids_the_endpoint_returns(
+    tmp_path: Path, serve: Any, eval_gaia: ModuleType
+) -> None:
+    server = serve(ToyChatTokens.wrap(eval_gaia.scripted_gaia_policy))
+    out = tmp_path / "run"
+    assert eval_gaia.main(["--base-url", server.base_url, "--model", "scripted", "--vllm", "--data-dir", str(DEMO),
+                           "--limit", "2", "--out", str(out), "--no-progress", "--no-http", *SANDBOX_FLAGS]) == 0
+    assert server.requests and all(body.get("return_token_ids") is True for body in server.requests)
+    steps = [step for episode in _episodes(out) for step in episode.trajectories[0].steps]
+    assert steps and all(step.model_output.completion_ids == ToyChatTokens.completion_ids(
+        eval_gaia.scripted_gaia_policy({"messages": step.messages, "tools": step.tools})) for step in steps)
+    assert json.loads((out / "report.json").read_text())["engine"].endswith("(vLLM token ids)")
+
+
+def test_the_endpoint_key_comes_from_OPENAI_API_KEY_and_a_typed_one_warns(
+    tmp_path: Path, eval_gaia: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from fixtures.keyed_server import KeyedOpenAIServer
+
+    with pytest.raises(SystemExit):
+        eval_gaia.main(["--help"])
+    assert "$OPENAI_API_KEY" in capsys.readouterr().out
+    key = "sk-endpoint-secret"
+    with KeyedOpenAIServer(key, "FINAL ANSWER: 6176") as server:
+        argv = ["--base-url", server.base_url, "--model", "keyed", "--data-dir", str(DEMO), "--limit", "1",
+                "--no-progress", "--no-http", "--max-retries", "0", *SANDBOX_FLAGS]
+        monkeypatch.setenv("OPENAI_API_KEY", key)
+        with caplog.at_level(logging.WARNING, logger="rllm.secret_options"):
+            assert eval_gaia.main([*argv, "--out", str(tmp_path / "env")]) == 0
+        assert not caplog.records
+        monkeypatch.delenv("OPENAI_API_KEY")
+        with caplog.at_level(logging.WARNING, logger="rllm.secret_options"):
+            assert eval_gaia.main([*argv, "--api-key", key, "--out", str(tmp_path / "typed")]) == 0
+    (warning,) = caplog.records
+    assert warning.getMessage() == ("--api-key on the command line is visible to every user of this machine (ps); "
+                                    "set OPENAI_API_KEY in the environment instead")
+    assert set(server.authorizations) == {f"Bearer {key}"}  # the endpoint check and every model call
+    for run in ("env", "typed"):
+        report = json.loads((tmp_path / run / "report.json").read_text())
+        assert report["overall"]["correct"] == 1  # the answer came through, so the key did
+        assert key not in json.dumps(report)
+
+
+# --------------------------------------------------------------------------- a normal install
+def test_the_offline_demo_runs_from_a_normal_install(tmp_path: Path) -> None:
+    """A wheel built from pyproject.toml carries the demo tasks, and the demo runs from the installed package."""
+    import shutil
+
+    source = tmp_path / "src"
+    source.mkdir()
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    for name in ("rllm", "rag"):
+        shutil.copytree(ROOT / name, source / name, ignore=ignore)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", str(tmp_path / "dist"),
+                    str(source)], check=True, cwd=tmp_path, timeout=240)
+    (wheel,) = (tmp_path / "dist").glob("rllm-*.whl")
+    site = tmp_path / "site"
+    subprocess.run([*pip, "install", "--no-deps", "--no-index", "--no-compile", "--target", str(site), str(wheel)], check=True,
+                   timeout=240)
+    demo = site / "rllm" / "data" / "gaia_demo"
+    assert sorted(p.relative_to(demo).as_posix() for p in demo.rglob("*") if p.is_file()) == sorted(
+        p.relative_to(DEMO).as_posix() for p in DEMO.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(site), "OTEL_SDK_DISABLED": "true"}
+    run = subprocess.run([sys.executable, "-m", "rllm.eval.gaia", "--scripted", "--limit", "2", "--out", str(out),
+                          "--no-progress", *SANDBOX_FLAGS], capture_output=True, text=True, timeout=240,
+                         cwd=tmp_path, env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert report["data_dir"] == str(demo.resolve())  # the installed package's copy, not the clone's
+    assert report["overall"]["correct"] == 2
+    csv_episode = _episodes(out)[1]
+    assert Path(csv_episode.info["work_dir"], f"{CSV_TASK}.csv").read_text().endswith("TOTAL,40,77,117\n")
