@@ -126,7 +126,10 @@ class RetrievalClient:
             raise RetrievalUnavailableError(f"retrieval server at {url} sent a non-JSON answer") from e
 
     async def search(self, query: str, top_k: int = 3) -> list[dict[str, Any]]:
-        """Top-``top_k`` passages ``{id, title, contents, score}``, best first; raises ``RetrievalError``."""
+        """Top-``top_k`` passages ``{id, title, contents, content, score}``, best first; raises ``RetrievalError``.
+
+        ``contents`` is the text without its title, ``content`` the whole text as the corpus holds it.
+        """
         return (await self._request("POST", "/retrieve", {"query": query, "top_k": top_k}))["results"]
 
     async def search_batch(self, queries: list[str], top_k: int = 3) -> list[list[dict[str, Any]]]:

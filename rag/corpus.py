@@ -80,6 +80,16 @@ def passage_text(row: dict[str, Any], index: int) -> str:
     return f"{p['title']}\n{p['contents']}" if p["title"] else p["contents"]
 
 
+def to_result(row: dict[str, Any], index: int) -> dict[str, str]:
+    """One row as the server answers it: ``to_passage``'s ``{id, title, contents}`` plus ``content``.
+
+    ``content`` is the passage's whole text as the corpus holds it (``passage_text``: wiki-18's
+    ``contents`` with its quoted title line, byte for byte), under the name rLLM's retrieval server
+    and its clients use, so a client written for that server reads the same text from this one.
+    """
+    return {**to_passage(row, index), "content": passage_text(row, index)}
+
+
 class Corpus:
     """Random access to the passages of a JSONL file; safe to share between threads."""
 
@@ -120,6 +130,10 @@ class Corpus:
     def __getitem__(self, i: int) -> dict[str, str]:
         """Passage ``i`` as ``{id, title, contents}``."""
         return to_passage(self.row(i), i)
+
+    def result(self, i: int) -> dict[str, str]:
+        """Passage ``i`` as the server answers it: ``{id, title, contents, content}`` (see ``to_result``)."""
+        return to_result(self.row(i), i)
 
     def iter_rows(self, start: int = 0, stop: int | None = None) -> Iterator[dict[str, Any]]:
         """Parsed rows ``start..stop`` in order."""

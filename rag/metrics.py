@@ -1,4 +1,4 @@
-"""Server counters for ``GET /metrics``: requests, errors, batch sizes, latency percentiles."""
+"""Server counters for ``GET /metrics`` (requests, errors, batch sizes, latency percentiles) and ``GET /stats``."""
 
 from __future__ import annotations
 
@@ -47,6 +47,23 @@ class ServerMetrics:
     def record_latency(self, seconds: float) -> None:
         """Wall time of one successful request."""
         self._latencies.append(seconds)
+
+    @staticmethod
+    def batching_stats(batcher: Batcher) -> dict[str, Any]:
+        """The ``/stats`` body: the batching counters of rLLM's retrieval server, under its names.
+
+        ``total_queries`` counts the queries computed in batches (cache hits and joined duplicates are
+        not); ``batch_timeout_ms`` is 0 because no batch waits for a window to fill.
+        """
+        s = batcher.stats
+        return {
+            "total_batches": s.batches,
+            "total_queries": s.computed,
+            "avg_batch_size": s.computed / s.batches if s.batches else 0.0,
+            "avg_throughput_qps": s.computed / s.compute_seconds if s.compute_seconds > 0 else 0.0,
+            "batch_timeout_ms": 0.0,
+            "max_batch_size": batcher.max_batch_size,
+        }
 
     def snapshot(self, batcher: Batcher) -> dict[str, Any]:
         """The ``/metrics`` body."""

@@ -42,7 +42,7 @@ CPU_QUERY_BATCH_SIZE_EAGER = 32
 
 
 class Retriever:
-    """Answers batches of queries with ``{id, title, contents, score}`` passages, best first.
+    """Answers batches of queries with ``{id, title, contents, content, score}`` passages, best first.
 
     Safe to call from ``workers`` threads at once (the server's batcher does).
     """
@@ -126,11 +126,11 @@ class Retriever:
         return cls(encoder, index, corpus, manifest, split_threads=not threads)
 
     def search(self, queries: list[str], top_k: int) -> list[list[dict[str, Any]]]:
-        """Top-``top_k`` passages for each query."""
+        """Top-``top_k`` passages for each query (``Corpus.result`` and the score)."""
         if not queries:
             return []
         scores, ids = self.encode_and_search(queries, top_k)
-        return [[{**self.corpus[int(i)], "score": float(s)} for s, i in zip(row_s, row_i, strict=True) if i >= 0]
+        return [[{**self.corpus.result(int(i)), "score": float(s)} for s, i in zip(row_s, row_i, strict=True) if i >= 0]
                 for row_s, row_i in zip(scores, ids, strict=True)]
 
     def encode_and_search(self, queries: list[str], top_k: int) -> tuple[np.ndarray, np.ndarray]:

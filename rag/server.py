@@ -1,9 +1,12 @@
-"""The retrieval HTTP service: ``POST /retrieve``, ``POST /batch_retrieve``, ``GET /health``, ``GET /metrics``.
+"""The retrieval HTTP service: ``POST /retrieve``, ``POST /batch_retrieve``, ``GET /health``, ``/metrics``, ``/stats``.
 
-Every bad input gets a 4xx whose ``detail`` names the problem; a full queue gets 503 with
-``Retry-After``; shutdown answers the requests already in flight. Binds 127.0.0.1 unless told
-otherwise, and with a token set (``--token`` or ``$RETRIEVAL_TOKEN``, the variable the client
-reads too) every route but ``/health`` and the API docs needs ``Authorization: Bearer <token>``.
+Every bad input gets a 4xx whose ``detail`` names the problem (an unknown field included: it is
+refused, not dropped); a full queue gets 503 with ``Retry-After``; shutdown answers the requests
+already in flight. Binds 127.0.0.1 unless told otherwise, and with a token set (``$RETRIEVAL_TOKEN``,
+the variable the client reads too, or ``--token``) every route but ``/health`` and the API docs
+needs ``Authorization: Bearer <token>``. It also speaks the API of rLLM's ``rag_server.py``: its
+request fields (``k`` overrides ``top_k``, which defaults to 10), each passage's text as
+``content``, ``/health``'s ``"healthy"`` and ``/stats``; rag/README.md has the two side by side.
 
     python -m rag.server --index-dir .cache/rag/hotpotqa-minilm --port 8000
 """
@@ -25,7 +28,7 @@ from typing import Annotated, Any, Literal, Protocol
 import pydantic_core
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import AfterValidator, BaseModel, StrictInt, StrictStr, ValidationError, ValidationInfo
+from pydantic import AfterValidator, BaseModel, ConfigDict, StrictInt, StrictStr, ValidationError, ValidationInfo
 from pydantic_core import PydanticCustomError
 
 from rag.batcher import Answer, Batcher
@@ -40,6 +43,8 @@ _OPEN_PATHS = frozenset({"/health", "/docs", "/redoc", "/openapi.json", "/docs/o
 _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 _LEGACY_TOKEN_ENV = "RAG_TOKEN"
 _SWITCH_INTERVAL_MS = 5.0
+DEFAULT_TOP_K = 10
+"""Passages for a request that names no ``top_k`` (rLLM's default), or ``max_top_k`` where that is lower."""
 
 
 class ServerSettings(BaseModel):
@@ -122,33 +127,55 @@ TopK = Annotated[StrictInt, AfterValidator(_check_top_k)]
 
 
 class RetrieveRequest(BaseModel):
-    """``POST /retrieve`` body."""
+    """``POST /retrieve`` body; ``k`` (rLLM's name) overrides ``top_k`` when given. Other fields are a 422."""
+
+    model_config = ConfigDict(extra="forbid")
 
     query: Query
-    top_k: TopK = 3
+    top_k: TopK = DEFAULT_TOP_K
+    k: TopK | None = None
+
+    def passages_wanted(self, default: int) -> int:
+        """``k``, else ``top_k`` when the request gave it, else ``default``."""
+        if self.k is not None:
+            return self.k
+        return self.top_k if "top_k" in self.model_fields_set else default
 
 
 class BatchRetrieveRequest(BaseModel):
-    """``POST /batch_retrieve`` body."""
+    """``POST /batch_retrieve`` body. Other fields are a 422."""
+
+    model_config = ConfigDict(extra="forbid")
 
     queries: Annotated[list[Query], AfterValidator(_check_count)]
-    top_k: TopK = 3
+    top_k: TopK = DEFAULT_TOP_K
+
+    def passages_wanted(self, default: int) -> int:
+        """``top_k`` when the request gave it, else ``default``."""
+        return self.top_k if "top_k" in self.model_fields_set else default
 
 
 class Passage(BaseModel):
-    """One search hit; ``score`` is the inner product (cosine for normalised encoders)."""
+    """One search hit; ``score`` is the inner product (cosine for normalised encoders).
+
+    ``contents`` is the text without its title; ``content`` is the whole text as the corpus holds it
+    (wiki-18's quoted title line included), the field rLLM's server and its clients use.
+    """
 
     id: str
     title: str
     contents: str
+    content: str
     score: float
 
 
 class RetrieveResponse(BaseModel):
-    """``POST /retrieve`` answer."""
+    """``POST /retrieve`` answer; ``method`` and ``num_results`` as rLLM's server sends them."""
 
     query: str
     top_k: int
+    method: str
+    num_results: int
     results: list[Passage]
 
 
@@ -167,8 +194,8 @@ class _ApiError(Exception):
         self.headers = headers
 
 
-def _explain(error: ValidationError) -> tuple[int, str]:
-    """One status and one readable line for a failed validation."""
+def _explain(error: ValidationError, model: type[BaseModel]) -> tuple[int, str]:
+    """One status and one readable line for a failed validation of a ``model`` body."""
     parts = []
     for e in error.errors(include_url=False):
         if e["type"] == "json_invalid":
@@ -176,7 +203,10 @@ def _explain(error: ValidationError) -> tuple[int, str]:
         if not e["loc"]:
             return 422, f"request body must be a JSON object ({e['msg']})"
         loc = ".".join(str(part) for part in e["loc"])
-        parts.append(f"{loc}: {e['msg']}")
+        if e["type"] == "extra_forbidden":
+            parts.append(f"{loc}: unknown field (the fields are {', '.join(model.model_fields)})")
+        else:
+            parts.append(f"{loc}: {e['msg']}")
     return 422, "; ".join(parts)
 
 
@@ -335,7 +365,13 @@ def create_app(retriever: RetrieverLike, settings: ServerSettings | None = None)
                       workers=getattr(retriever, "workers", 1), on_batch=metrics.record_batch)
     limits = {"max_query_chars": settings.max_query_chars, "max_top_k": settings.max_top_k,
               "max_batch_queries": settings.max_batch_queries}
+    default_top_k = min(DEFAULT_TOP_K, settings.max_top_k)
     started = time.time()
+    about = retriever.describe()
+    gpus = [d for d in about.get("index", {}).get("devices", []) if d.startswith("cuda")]
+    index_type = f"dense_gpu_{len(gpus)}" if gpus else "dense_cpu"  # rLLM's /health field
+    method = f"{index_type}_batched" if gpus else "dense_batched"  # rLLM's /retrieve field
+    method_json = pydantic_core.to_json(method)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):  # noqa: ANN202
@@ -358,7 +394,7 @@ def create_app(retriever: RetrieverLike, settings: ServerSettings | None = None)
         try:
             return model.model_validate_json(body, context=limits)
         except ValidationError as e:
-            raise _ApiError(*_explain(e)) from None
+            raise _ApiError(*_explain(e, model)) from None
 
     async def run(queries: list[str], top_k: int) -> list[Answer]:
         try:
@@ -372,17 +408,20 @@ def create_app(retriever: RetrieverLike, settings: ServerSettings | None = None)
         metrics.requests["retrieve"] += 1
         start = time.perf_counter()
         req = parse(RetrieveRequest, body)
-        answer = (await run([req.query], req.top_k))[0]
+        top_k = req.passages_wanted(default_top_k)
+        answer = (await run([req.query], top_k))[0]
         metrics.record_latency(time.perf_counter() - start)
-        return b'{"query":%b,"top_k":%d,"results":%b}' % (pydantic_core.to_json(req.query), req.top_k, answer.json)
+        return b'{"query":%b,"top_k":%d,"method":%b,"num_results":%d,"results":%b}' % (
+            pydantic_core.to_json(req.query), top_k, method_json, len(answer.results), answer.json)
 
     async def batch_retrieve_bytes(body: bytes) -> bytes:
         metrics.requests["batch_retrieve"] += 1
         start = time.perf_counter()
         req = parse(BatchRetrieveRequest, body)
-        answers = await run(req.queries, req.top_k)
+        top_k = req.passages_wanted(default_top_k)
+        answers = await run(req.queries, top_k)
         metrics.record_latency(time.perf_counter() - start)
-        return b'{"top_k":%d,"results":[%b]}' % (req.top_k, b",".join(a.json for a in answers))
+        return b'{"top_k":%d,"results":[%b]}' % (top_k, b",".join(a.json for a in answers))
 
 
     @app.post("/retrieve", response_model=RetrieveResponse, openapi_extra=_body_doc(RetrieveRequest),
@@ -399,15 +438,22 @@ def create_app(retriever: RetrieverLike, settings: ServerSettings | None = None)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        """Corpus size, index type and devices, encoder, batching settings."""
+        """Corpus size, index type and devices, encoder, batching settings; rLLM's health fields too."""
         metrics.requests["health"] += 1
         return {
-            "status": "ok",
+            "status": "healthy",
             **retriever.describe(),
+            "index_type": index_type,
+            "index_loaded": True,
+            "gpu_available": bool(gpus),
+            "num_gpus": len(gpus),
+            "embedding_device": about.get("encoder", {}).get("device"),
             "batching": {"max_batch_size": settings.max_batch_size, "max_queue": settings.max_queue,
-                         "cache_passages": settings.cache_passages, "workers": batcher.workers},
+                         "cache_passages": settings.cache_passages, "workers": batcher.workers, "timeout_ms": 0.0},
             "limits": {**limits, "max_body_bytes": settings.max_body_bytes, "body_timeout": settings.body_timeout},
             "auth": settings.token is not None,
+            "stats": ServerMetrics.batching_stats(batcher),
+            "pid": os.getpid(),
             "uptime_s": round(time.time() - started, 1),
         }
 
@@ -416,6 +462,12 @@ def create_app(retriever: RetrieverLike, settings: ServerSettings | None = None)
         """Requests, errors, batch-size histogram, latency percentiles, queue depth, cache hit rate."""
         metrics.requests["metrics"] += 1
         return metrics.snapshot(batcher)
+
+    @app.get("/stats")
+    async def stats() -> dict[str, Any]:
+        """Batches, queries computed, mean batch size and throughput, as rLLM's server names them."""
+        metrics.requests["stats"] += 1
+        return ServerMetrics.batching_stats(batcher)
 
     # RetrievalApp answers the two POSTs itself (see its ``fast``); the routes above document them.
     return RetrievalApp(app, max_body_bytes=settings.max_body_bytes, token=settings.token, metrics=metrics,

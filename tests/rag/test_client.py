@@ -60,7 +60,7 @@ async def test_client_search_health_and_batch(server: RetrievalServer, retriever
     client = RetrievalClient(server.base_url)
     text = retriever.corpus[42]["contents"]
     hits = await client.search(text, top_k=2)
-    assert [set(h) for h in hits] == [{"id", "title", "contents", "score"}] * 2
+    assert [set(h) for h in hits] == [{"id", "title", "contents", "content", "score"}] * 2
     assert hits[0]["id"] == "42"
     batch = await client.search_batch([text, retriever.corpus[7]["contents"]], top_k=1)
     assert [b[0]["id"] for b in batch] == ["42", "7"]

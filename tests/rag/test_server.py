@@ -70,7 +70,7 @@ def test_passage_text_retrieves_that_passage_first(server: RetrievalServer, retr
 def test_title_in_demo_corpus_answers_a_hotpotqa_style_question(server: RetrievalServer) -> None:
     r = httpx.post(f"{server.base_url}/retrieve", json={"query": "Who directed the 1983 fantasy film Krull?"})
     assert r.status_code == 200
-    assert "Krull (film)" in [h["title"] for h in r.json()["results"]]  # default top_k is 3
+    assert "Krull (film)" in [h["title"] for h in r.json()["results"]]  # default top_k is 10, as rLLM's
 
 
 def test_batch_retrieve_answers_each_query_in_order(server: RetrievalServer, retriever: Retriever) -> None:
@@ -142,6 +142,10 @@ BAD_INPUTS = [
     ("/batch_retrieve", json.dumps({"queries": ["q"] * 257}).encode(), 422, ["queries", "257", "limit is 256"]),
     ("/batch_retrieve", b'{"query": "x"}', 422, ["queries", "required"]),
     ("/batch_retrieve", b'{"queries": ["x"], "top_k": 0}', 422, ["top_k"]),
+    # An unknown field is refused, never dropped: a misspelt "top_k" would otherwise change the answer silently.
+    ("/retrieve", b'{"query": "x", "topk": 3}', 422, ["topk", "unknown field", "query, top_k, k"]),
+    ("/retrieve", b'{"query": "x", "k": 0}', 422, ["k", "between 1 and 100", "got 0"]),
+    ("/batch_retrieve", b'{"queries": ["x"], "k": 2}', 422, ["k", "unknown field", "queries, top_k"]),
 ]
 
 
@@ -210,7 +214,7 @@ async def test_overload_answers_503_with_retry_after(fresh) -> None:
 
 def test_health_reports_corpus_index_encoder_and_batching(server: RetrievalServer) -> None:
     health = httpx.get(f"{server.base_url}/health").json()
-    assert health["status"] == "ok"
+    assert health["status"] == "healthy"
     assert health["corpus_size"] == CORPUS_SIZE
     assert health["index"] == {"type": "flat", "metric": "ip", "ntotal": CORPUS_SIZE, "devices": ["cpu"],
                                "backend": "faiss"}
@@ -248,6 +252,7 @@ def test_bearer_token_guards_everything_but_health(fresh) -> None:
     wrong = httpx.post(f"{url}/retrieve", json={"query": "film"}, headers={"Authorization": "Bearer nope"})
     assert wrong.status_code == 401 and "wrong bearer token" in wrong.json()["detail"]
     assert httpx.get(f"{url}/metrics").status_code == 401
+    assert httpx.get(f"{url}/stats").status_code == 401
     ok = httpx.post(f"{url}/retrieve", json={"query": "film"}, headers={"Authorization": "Bearer s3cret"})
     assert ok.status_code == 200
     assert httpx.get(f"{url}/health").json()["auth"] is True
@@ -257,8 +262,9 @@ def test_openapi_schema_documents_the_routes(server: RetrievalServer) -> None:
     schema = httpx.get(f"{server.base_url}/openapi.json").json()
     retrieve = schema["paths"]["/retrieve"]["post"]
     body = retrieve["requestBody"]["content"]["application/json"]["schema"]
-    assert set(body["properties"]) == {"query", "top_k"} and body["required"] == ["query"]
-    assert {"/batch_retrieve", "/health", "/metrics"} <= set(schema["paths"])
+    assert set(body["properties"]) == {"query", "top_k", "k"} and body["required"] == ["query"]
+    assert body["properties"]["top_k"]["default"] == 10 and body["additionalProperties"] is False
+    assert {"/batch_retrieve", "/health", "/metrics", "/stats"} <= set(schema["paths"])
 
 
 def test_shutdown_finishes_requests_in_flight(retriever: Retriever) -> None:
@@ -293,3 +299,96 @@ def test_token_comes_from_retrieval_token_with_rag_token_a_deprecated_alias(capl
     with caplog.at_level("WARNING", logger="rag.server"):
         assert token_from_env({"RETRIEVAL_TOKEN": "new", "RAG_TOKEN": "old"}) == "new"
     assert "RAG_TOKEN differs from RETRIEVAL_TOKEN and is ignored" in caplog.text
+
+
+# ----------------------------------------------------------------------------- rLLM's wire format
+# Written from the request and response shapes of rLLM's examples/strands/rag/rag_server.py and its client
+# examples/strands/retrieve_tool.py (commit 94676225): the request is {"query", "top_k" = 10, "k" = null}, "k"
+# overriding "top_k"; the answer is {"query", "method", "results": [{"id", "content", "score"}], "num_results"},
+# where "content" is the passage (rLLM sends the corpus row; its client reads row["contents"] when it is an object,
+# the string itself otherwise); GET /health says "healthy" with corpus_size and index_type; GET /stats has the
+# batching counters. Search-R1's wiki-18 corpus, which rLLM serves, has rows {id, contents: '"Title"\ntext'}.
+WIKI_SIZE = 40
+
+
+@pytest.fixture(scope="module")
+def wiki_rows() -> list[dict[str, str]]:
+    from rllm.data.hotpotqa import hotpotqa_paragraphs
+
+    return [{"id": str(i), "contents": f'"{p["title"]}"\n{p["text"]}'}
+            for i, p in enumerate(hotpotqa_paragraphs()[:WIKI_SIZE])]
+
+
+@pytest.fixture(scope="module")
+def wiki_server(tmp_path_factory: pytest.TempPathFactory, wiki_rows: list[dict[str, str]]) -> Iterator[RetrievalServer]:
+    from rag.build_index import build_index
+    from rag.corpus import write_jsonl
+    from rag.encoder import MINILM
+
+    out = tmp_path_factory.mktemp("wiki18-format")
+    build_index(write_jsonl(wiki_rows, out / "corpus.jsonl"), out, encoder=MINILM, max_seq_length=128, progress=False)
+    with RetrievalServer(Retriever.load(out)) as srv:
+        yield srv
+
+
+def _rllm_client_search(base_url: str, body: dict) -> tuple[dict, list[str]]:
+    """What a client written for rLLM's server does: POST /retrieve, read each result's ``content``."""
+    r = httpx.post(f"{base_url}/retrieve", json=body, timeout=60)
+    r.raise_for_status()
+    answer = r.json()
+    texts = []
+    for result in answer.get("results", []):
+        content = result.get("content", "")
+        texts.append(content.get("contents", "") if isinstance(content, dict) else content)
+    return answer, texts
+
+
+def test_a_client_written_for_rllms_server_reads_each_passages_text_unchanged(
+        wiki_server: RetrievalServer, wiki_rows: list[dict[str, str]]) -> None:
+    for row in (wiki_rows[0], wiki_rows[17], wiki_rows[39]):
+        answer, texts = _rllm_client_search(wiki_server.base_url, {"query": row["contents"], "top_k": 5})
+        assert texts[0] == row["contents"]  # the corpus text byte for byte, its '"Title"' line included
+        assert len(texts) == 5 and all(texts)
+        assert answer["num_results"] == 5 and answer["query"] == row["contents"]
+        assert answer["method"] == "dense_batched"
+        assert answer["results"][0]["id"] == row["id"]
+        scores = [r["score"] for r in answer["results"]]
+        assert all(isinstance(s, float) for s in scores) and scores == sorted(scores, reverse=True)
+
+
+def test_rllms_k_overrides_top_k_and_top_k_defaults_to_ten(wiki_server: RetrievalServer) -> None:
+    query = "Who directed the 1983 fantasy film Krull?"
+    assert len(_rllm_client_search(wiki_server.base_url, {"query": query, "top_k": 5, "k": 2})[1]) == 2
+    assert len(_rllm_client_search(wiki_server.base_url, {"query": query, "k": 4})[1]) == 4
+    assert len(_rllm_client_search(wiki_server.base_url, {"query": query, "k": None, "top_k": 3})[1]) == 3
+    answer, texts = _rllm_client_search(wiki_server.base_url, {"query": query})
+    assert len(texts) == 10 and answer["top_k"] == 10 and answer["num_results"] == 10
+
+
+def test_our_own_fields_come_beside_rllms(wiki_server: RetrievalServer, wiki_rows: list[dict[str, str]]) -> None:
+    row = wiki_rows[5]
+    hit = httpx.post(f"{wiki_server.base_url}/retrieve", json={"query": row["contents"], "top_k": 1}).json()["results"][0]
+    title, text = row["contents"].split("\n", 1)
+    assert hit == {"id": row["id"], "title": title.strip('"'), "contents": text, "content": row["contents"],
+                   "score": hit["score"]}
+
+
+def test_rllms_health_check_and_stats_read_what_they_expect(wiki_server: RetrievalServer) -> None:
+    health = httpx.get(f"{wiki_server.base_url}/health").json()
+    assert health["status"] == "healthy"
+    assert health["corpus_size"] == WIKI_SIZE and health["index_type"] == "dense_cpu"
+    assert health["index_loaded"] is True and health["gpu_available"] is False and health["num_gpus"] == 0
+    assert health["embedding_device"] == "cpu"
+    _rllm_client_search(wiki_server.base_url, {"query": "a question no one asked before", "top_k": 2})
+    stats = httpx.get(f"{wiki_server.base_url}/stats").json()
+    assert stats["total_batches"] >= 1 and stats["total_queries"] >= 1
+    assert stats["avg_batch_size"] == pytest.approx(stats["total_queries"] / stats["total_batches"])
+    assert stats["avg_throughput_qps"] > 0
+    assert stats["max_batch_size"] == 128 and stats["batch_timeout_ms"] == 0
+    assert set(health["stats"]) == set(stats)
+
+
+def test_a_smaller_max_top_k_caps_the_default(fresh) -> None:
+    srv = fresh(ServerSettings(max_top_k=4))
+    r = httpx.post(f"{srv.base_url}/retrieve", json={"query": "Krull"})
+    assert r.status_code == 200 and len(r.json()["results"]) == 4
