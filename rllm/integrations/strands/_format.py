@@ -5,6 +5,9 @@ become ``tool_calls`` and every ``toolResult`` a ``tool`` message with its ``too
 of its text and json blocks. Two things the stock converter drops are added back: reasoning
 content (as ``reasoning_content``, which chat templates of reasoning models read) and the error
 status of a tool result (an error result that does not already say so is prefixed ``Error: ``).
+A system prompt given as content blocks becomes one system message, its text blocks joined as
+Strands joins them (``split_system_prompt``): the stock converter sends one system message per
+block, which templates render as several system turns or refuse.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from strands.models.openai import OpenAIModel
-from strands.types.content import Message, Messages, SystemContentBlock
+from strands.types.content import Message, Messages, SystemContentBlock, split_system_prompt
 from strands.types.streaming import StopReason, StreamEvent
 from strands.types.tools import ToolChoice, ToolSpec
 
@@ -49,8 +52,10 @@ def format_messages(
     system_prompt: str | None = None,
     system_prompt_content: list[SystemContentBlock] | None = None,
 ) -> list[dict[str, Any]]:
-    """OpenAI chat messages for a Strands history: system prompt first, nothing flattened."""
-    formatted = OpenAIModel.format_request_messages([], system_prompt, system_prompt_content=system_prompt_content)
+    """OpenAI chat messages for a Strands history: one system message first, nothing flattened."""
+    if system_prompt_content is not None:  # the authoritative form; cache points carry no text
+        system_prompt = split_system_prompt(system_prompt_content)[0]
+    formatted = OpenAIModel.format_request_messages([], system_prompt)
     for message in messages:
         blocks = message["content"]
         plain: Message = {"role": message["role"], "content": [b for b in blocks if "reasoningContent" not in b]}

@@ -14,11 +14,14 @@ from fixtures.strands_agents import (
     make_agent,
     two_tools_then_answer,
 )
+from strands import Agent
 from strands.types.exceptions import ContextWindowOverflowException, ModelThrottledException
 
 from rllm.engine.rollout import OpenAIEngine
 from rllm.integrations.strands import RLLMModel, StrandsAgent
+from rllm.testing.chat_templates import FAMILIES
 from rllm.testing.scripted_server import ScriptedReply, ScriptedToolCall
+from rllm.testing.scripted_tokens import MessageScriptedEngine
 from rllm.types import TerminationReason
 
 
@@ -127,3 +130,32 @@ async def test_tool_choice_is_passed_through_not_forced(serve) -> None:
 
     assert [r.get("tool_choice") for r in server.requests] == [
         None, "auto", {"type": "function", "function": {"name": "add"}}]
+
+
+TWO_BLOCK_SYSTEM = [{"text": "You answer briefly."}, {"text": "Put the answer in \\boxed{}."}]
+
+
+async def test_a_system_prompt_in_blocks_is_sent_as_one_system_message(serve) -> None:
+    server = serve([ScriptedReply(content="ok")])
+    agent = Agent(model=RLLMModel(OpenAIEngine(model="m", base_url=server.base_url)), system_prompt=TWO_BLOCK_SYSTEM,
+                  callback_handler=None)
+
+    await agent.invoke_async("hi")
+
+    system = [m for m in server.requests[0]["messages"] if m["role"] == "system"]
+    assert system == [{"role": "system", "content": "You answer briefly.\nPut the answer in \\boxed{}."}]
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+async def test_a_system_prompt_in_blocks_renders_one_system_turn_on_every_template(name: str) -> None:
+    family = FAMILIES[name]
+    engine = MessageScriptedEngine(family.tokenizer(), lambda messages: {"content": "ok"},
+                                   tool_parser=family.tool_parser, chat_template_kwargs=family.chat_template_kwargs)
+    agent = Agent(model=RLLMModel(engine), system_prompt=TWO_BLOCK_SYSTEM, callback_handler=None)
+
+    result = await agent.invoke_async("hi")  # Qwen3.5/3.6 refuse a second system message outright
+
+    assert str(result).strip() == "ok"
+    prompt = engine.tokenizer.decode(engine.prompts[0])
+    assert prompt.count("<|im_start|>system") == 1
+    assert "You answer briefly.\nPut the answer in \\boxed{}." in prompt

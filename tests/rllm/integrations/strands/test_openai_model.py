@@ -54,3 +54,13 @@ async def test_non_streaming_event_sequence_matches_streamed_one(serve) -> None:
     assert blocks(unary)[-1] == blocks(streamed)[-1] == {"messageStop": {"stopReason": "tool_use"}}
     assert [b for b in blocks(unary) if "toolUse" in b.get("contentBlockStart", {}).get("start", {})] == [
         b for b in blocks(streamed) if "toolUse" in b.get("contentBlockStart", {}).get("start", {})]
+
+
+async def test_a_system_prompt_in_blocks_is_sent_as_one_system_message(serve) -> None:
+    server = serve([ScriptedReply(content="ok")])
+    model = NonStreamingOpenAIModel(client_args={"base_url": server.base_url, "api_key": "x"}, model_id="m")
+    agent = Agent(model=model, system_prompt=[{"text": "A"}, {"text": "B"}], callback_handler=None)
+
+    await agent.invoke_async("hi")
+
+    assert [m for m in server.requests[0]["messages"] if m["role"] == "system"] == [{"role": "system", "content": "A\nB"}]
