@@ -499,8 +499,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--index-dir", required=True, help="directory with manifest.json, the index and the corpus")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; 0.0.0.0 exposes it)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--token", default=None, help="bearer token (default: env RETRIEVAL_TOKEN, the variable the "
-                   "local_search tool reads; none if unset)")
+    p.add_argument("--token", default=None,
+                   help=f"bearer token required on every route but /health and the docs (default: the environment "
+                        f"variable {TOKEN_ENV}, which the local_search tool reads too; none if unset). Prefer the "
+                        f"variable: a token given here is shown by ps to every user of the machine")
     g = p.add_argument_group("index placement")
     g.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto")
     g.add_argument("--gpus", default=None, help="comma-separated GPU ids (default: all visible)")
@@ -581,6 +583,9 @@ def main(argv: list[str] | None = None) -> None:
         _parser().error("granian is not installed (pip install -e '.[rag]'); or pass --http-server uvicorn")
     sys.setswitchinterval(args.switch_interval_ms / 1e3)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.token:
+        logger.warning("--token puts the token in the process table, where any user of this machine sees it with ps; "
+                       "set %s instead", TOKEN_ENV)
     options = IndexOptions(device=args.device, gpus=[int(g) for g in args.gpus.split(",")] if args.gpus else None,
                            shard=not args.replicate, fp16=not args.no_fp16, temp_memory_mb=args.temp_memory_mb,
                            nprobe=args.nprobe, ef_search=args.ef_search, threads=args.threads,

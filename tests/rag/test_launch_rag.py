@@ -56,6 +56,8 @@ def test_launch_serves_the_default_index_with_token_and_extra_args(tmp_path_fact
     assert "retrieval server stopped" in out
     # Bound to loopback only (the default host), with the default limits.
     assert f"granian on http://127.0.0.1:{port} (header timeout 10.0 s, max header 16384 B, max connections 2048)" in out
+    # The token came from RETRIEVAL_TOKEN, not the command line: no warning about ps, and the token is never logged.
+    assert "--token" not in out and "launch-token" not in out
 
 
 def test_launch_names_a_data_dir_without_manifest(tmp_path: Path) -> None:

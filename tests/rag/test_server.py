@@ -392,3 +392,41 @@ def test_a_smaller_max_top_k_caps_the_default(fresh) -> None:
     srv = fresh(ServerSettings(max_top_k=4))
     r = httpx.post(f"{srv.base_url}/retrieve", json={"query": "Krull"})
     assert r.status_code == 200 and len(r.json()["results"]) == 4
+
+
+# ----------------------------------------------------------------------------- the token on the command line
+def test_help_names_the_token_variable_and_a_typed_token_works_but_warns_that_ps_shows_it(
+        index_dir: Path, tmp_path: Path) -> None:
+    import os
+    import sys
+
+    from rllm.errors import ServerStartError
+    from rllm.processes import ServerProcess, free_port, log_tail
+
+    env = {k: v for k, v in os.environ.items() if k not in {"RETRIEVAL_TOKEN", "RAG_TOKEN"}}
+    helped = subprocess_run([sys.executable, "-m", "rag.server", "--help"], env)
+    assert "RETRIEVAL_TOKEN" in " ".join(helped.split())
+
+    port, log = free_port(), tmp_path / "server.log"
+    process = ServerProcess([sys.executable, "-m", "rag.server", "--index-dir", str(index_dir), "--port", str(port),
+                             "--token", "typed-s3cret", "--log-level", "warning"], log, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        process.wait_ready(f"{url}/health", timeout=120, interval=0.2)
+        assert httpx.post(f"{url}/retrieve", json={"query": "Krull"}).status_code == 401
+        ok = httpx.post(f"{url}/retrieve", json={"query": "Krull"}, headers={"Authorization": "Bearer typed-s3cret"})
+        assert ok.status_code == 200
+    except ServerStartError as error:
+        pytest.fail(f"server did not come up: {error}\n{log_tail(log, 40)}")
+    finally:
+        process.stop()
+    warnings = [line for line in log.read_text().splitlines() if "--token" in line]
+    assert len(warnings) == 1, log.read_text()
+    assert "ps" in warnings[0] and "RETRIEVAL_TOKEN" in warnings[0] and "typed-s3cret" not in warnings[0]
+
+
+def subprocess_run(command: list[str], env: dict[str, str]) -> str:
+    """Run ``command`` to completion and return its standard output."""
+    import subprocess
+
+    return subprocess.run(command, env=env, capture_output=True, text=True, check=True, timeout=60).stdout
