@@ -20,6 +20,7 @@ from typing import Any
 
 from rllm.engine.rollout import OpenAIEngine
 from rllm.integrations.strands import Budget, RLLMModel, StrandsAgent
+from rllm.secret_options import add_secret_argument
 from rllm.testing.scripted_server import ScriptedOpenAIServer, ScriptedReply, ScriptedToolCall
 from rllm.tools import calculator
 from rllm.types import Episode
@@ -66,15 +67,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base-url", help="OpenAI-compatible endpoint; omit to use the embedded scripted server")
     parser.add_argument("--model", default="scripted", help="model name sent to the endpoint")
-    parser.add_argument("--api-key", default="EMPTY")
+    add_secret_argument(parser, "--api-key", env="OPENAI_API_KEY", default="EMPTY", help="the endpoint's API key")
     parser.add_argument("--vllm", action="store_true", help="ask vLLM for token ids and logprobs")
     parser.add_argument("--question", default="What is 17 * 23 + 4?")
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--max-tokens", type=int, default=1024)
     parser.add_argument("--max-turns", type=int, default=8)
     parser.add_argument("--out", type=Path, default=Path("runs/quickstart/episode.json"))
-    args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args = parser.parse_args()
     logging.getLogger("httpx").setLevel(logging.WARNING)
     logging.getLogger("httpx2").setLevel(logging.WARNING)
 
