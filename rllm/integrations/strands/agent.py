@@ -15,7 +15,7 @@ from strands.types.content import Message
 
 from rllm.integrations.strands._format import format_messages, format_tools
 from rllm.integrations.strands.hooks import Budget, BudgetHook, ToolCallValidator, ToolFailureHook
-from rllm.integrations.strands.recording import ModelCall, receive_token_session, take_model_call
+from rllm.integrations.strands.recording import ModelCall, receive_token_session, receive_tool_errors, take_model_call
 from rllm.integrations.strands.termination import termination_reason_for
 from rllm.types import ModelOutput, Step, TerminationReason, ToolCall, Trajectory
 
@@ -59,6 +59,7 @@ class _StepRecorder(HookProvider):
         # A call cancelled by a hook (the budget) never reaches the model: nothing to record.
         self._call_cancelled = bool(event.cancel)
         receive_token_session(event.invocation_state, self._receive_token_session)
+        receive_tool_errors(event.invocation_state, self.record_tool_error)
 
     def _receive_token_session(self, session: Any) -> None:
         """The rollout's token state, handed over by the model before its engine runs."""

@@ -1,8 +1,9 @@
-"""Strands hooks for rollouts: an episode budget, strict tool-call validation and tool-failure typing."""
+"""Strands hooks for rollouts: a budget, strict tool-call validation, an unparseable-call guard, tool-failure typing."""
 
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,7 @@ from strands.hooks import (
 )
 
 from rllm.errors import ConfigurationError, InfrastructureError
+from rllm.integrations.strands.recording import record_malformed_calls, report_tool_error, take_malformed_call
 from rllm.types import TerminationReason, ToolCall
 
 logger = logging.getLogger(__name__)
@@ -94,6 +96,54 @@ class BudgetHook(HookProvider):
             event.end_turn = self._exhaust(self.exhausted)
 
 
+def malformed_call_error(call: ToolCall, name: str) -> str:
+    """The tool error the model reads for a call it wrote that could not be parsed (``call.error`` set)."""
+    if not call.name:
+        return f"Error: invalid tool call: {call.error}. Text received: {call.arguments[:500]}"
+    return f"Error: invalid arguments for tool '{name}': {call.error}. Arguments received: {call.arguments[:500]}"
+
+
+class MalformedCallGuard(HookProvider):
+    """Refuses the tool calls a model could not parse, whichever ``Agent`` runs the model.
+
+    Strands runs a call whose arguments it cannot read as a JSON object with ``{}`` (or with the
+    list or string it did read), so a tool with optional arguments would run on made-up input.
+    ``RLLMModel`` and ``NonStreamingOpenAIModel`` hand their unparseable calls to ``protect``,
+    which registers this guard on the invoking agent (once per agent); the guard then cancels
+    each such call before it runs, with an error naming the problem that the model reads as the
+    tool result, and reports it to the agent's tool-error receiver (``StrandsAgent`` records it
+    on the step). Under ``StrandsAgent`` the ``ToolCallValidator`` usually refuses them first.
+    """
+
+    def __init__(self) -> None:
+        self._agents: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def protect(self, invocation_state: dict[str, Any] | None, calls: list[ToolCall]) -> None:
+        """Leave ``calls``' unparseable ones for this guard and make sure the invoking agent runs it."""
+        if invocation_state is None or not any(call.error is not None for call in calls):
+            return
+        record_malformed_calls(invocation_state, calls)
+        agent = invocation_state.get("agent")  # Strands puts the invoking agent here
+        if agent is not None and agent not in self._agents:
+            agent.hooks.add_hook(self)
+            self._agents.add(agent)
+
+    def register_hooks(self, registry: HookRegistry, **kwargs: Any) -> None:
+        """Check every tool call before it runs."""
+        registry.add_callback(BeforeToolCallEvent, self._before_tool_call)
+
+    def _before_tool_call(self, event: BeforeToolCallEvent) -> None:
+        tool_use_id = str(event.tool_use["toolUseId"])
+        call = take_malformed_call(event.invocation_state, tool_use_id)
+        if call is None or event.cancel_tool:
+            return
+        name = event.tool_use["name"]
+        error = malformed_call_error(call, name)
+        logger.debug("refused unparseable tool call %s: %s", tool_use_id, call.error)
+        event.cancel_tool = error
+        report_tool_error(event.invocation_state, tool_use_id, name, error)
+
+
 class ToolCallValidator(HookProvider):
     """Refuses tool calls that Strands would otherwise run with made-up arguments.
 
@@ -134,9 +184,7 @@ class ToolCallValidator(HookProvider):
         name = tool_use["name"]
         call = self._lookup(str(tool_use["toolUseId"])) if self._lookup is not None else None
         if call is not None and call.error is not None:
-            if not call.name:
-                return f"Error: invalid tool call: {call.error}. Text received: {call.arguments[:500]}"
-            return f"Error: invalid arguments for tool '{name}': {call.error}. Arguments received: {call.arguments[:500]}"
+            return malformed_call_error(call, name)
         if event.selected_tool is None:
             available = ", ".join(sorted(event.agent.tool_names)) or "none"
             return f"Error: unknown tool '{name}'. Available tools: {available}."

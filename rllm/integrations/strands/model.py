@@ -17,6 +17,7 @@ from typing_extensions import Unpack, override
 
 from rllm.engine.rollout.base import ContextLengthExceededError, EngineThrottledError, RolloutEngine
 from rllm.integrations.strands._format import format_messages, format_tool_choice, format_tools, output_events
+from rllm.integrations.strands.hooks import MalformedCallGuard
 from rllm.integrations.strands.recording import TOKEN_SESSION_KEY, ModelCall, record_model_call, record_token_session
 
 logger = logging.getLogger(__name__)
@@ -31,7 +32,9 @@ class RLLMModel(Model):
     such; ``tool_choice`` is passed through as Strands gives it, never forced. Each call leaves a
     ``ModelCall`` (the exact messages, tools and ``ModelOutput``) in the invoking agent's
     ``invocation_state``, where ``StrandsAgent`` records it as a ``Step``. The model holds no
-    per-agent state, so one instance may be shared by any number of agents.
+    per-agent state, so one instance may be shared by any number of agents. A tool call the
+    engine could not parse never runs, under any ``Agent``: the model registers a
+    ``MalformedCallGuard`` on the invoking agent, and the model reads an error naming the problem.
     """
 
     class RLLMConfig(TypedDict, total=False):
@@ -53,6 +56,7 @@ class RLLMModel(Model):
             raise TypeError(f"RLLMModel: unknown config keys {sorted(unknown)}")
         self.rollout_engine = rollout_engine
         self.config: dict[str, Any] = dict(config)
+        self._guard = MalformedCallGuard()
 
     @override
     def update_config(self, **model_config: Unpack[RLLMConfig]) -> None:  # type: ignore[override]
@@ -107,6 +111,7 @@ class RLLMModel(Model):
             raise ContextWindowOverflowException(str(error)) from error
         latency_ms = int(1000 * (time.perf_counter() - started))
         record_model_call(invocation_state, ModelCall(messages=request_messages, tools=tools, output=output))
+        self._guard.protect(invocation_state, output.tool_calls)
         for event in output_events(output, latency_ms):
             yield event
 

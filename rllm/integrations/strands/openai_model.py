@@ -4,7 +4,7 @@ A LiteLLM proxy's post-call success hook fires only for non-streamed calls, so a
 are traced through such a proxy need every request sent with ``stream: false``. The answer is
 replayed as the same Strands event sequence a streamed call produces, and the call is recorded
 for ``StrandsAgent`` like ``RLLMModel``'s, token ids and logprobs included when the server sends
-them.
+them, and a call whose arguments are not a JSON object never runs, as with ``RLLMModel``.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing_extensions import Unpack, override
 
 from rllm.engine.rollout.openai_engine import is_context_overflow, parse_chat_completion
 from rllm.integrations.strands._format import format_messages, output_events
+from rllm.integrations.strands.hooks import MalformedCallGuard
 from rllm.integrations.strands.recording import ModelCall, record_model_call
 
 logger = logging.getLogger(__name__)
@@ -35,6 +36,7 @@ class NonStreamingOpenAIModel(OpenAIModel):
 
     def __init__(self, *args: Any, **model_config: Unpack[OpenAIModel.OpenAIConfig]) -> None:
         super().__init__(*args, **{**model_config, "stream": False})
+        self._guard = MalformedCallGuard()
 
     @override
     def update_config(self, **model_config: Unpack[OpenAIModel.OpenAIConfig]) -> None:  # type: ignore[override]
@@ -95,5 +97,6 @@ class NonStreamingOpenAIModel(OpenAIModel):
         record_model_call(
             invocation_state, ModelCall(messages=request["messages"], tools=request.get("tools", []), output=output)
         )
+        self._guard.protect(invocation_state, output.tool_calls)
         for event in output_events(output, latency_ms):
             yield event

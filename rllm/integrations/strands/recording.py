@@ -9,19 +9,25 @@ A token engine's rollout state (its ``TokenSession``) goes the same way the othe
 agent leaves a receiver in ``invocation_state`` before each model call and the model hands the
 session to it as soon as the call has one, before the engine runs, so the agent holds it (and its
 trace) from the first call on, also when that call fails or is cancelled.
+
+Tool calls the model could not parse travel the same way: the model leaves them in
+``invocation_state`` for the ``MalformedCallGuard`` it registered on the agent, which refuses them
+and reports the refusal to the agent's receiver, if the agent left one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from rllm.types import ModelOutput
+from rllm.types import ModelOutput, ToolCall
 
 MODEL_CALL_KEY = "rllm.model_call"
 TOKEN_SESSION_KEY = "rllm.token_session"
 TOKEN_SESSION_RECEIVER_KEY = "rllm.token_session_receiver"
+MALFORMED_CALLS_KEY = "rllm.malformed_calls"
+TOOL_ERROR_RECEIVER_KEY = "rllm.tool_error_receiver"
 
 
 @dataclass
@@ -54,3 +60,26 @@ def record_token_session(invocation_state: dict[str, Any] | None, session: Any) 
 def take_model_call(invocation_state: dict[str, Any]) -> ModelCall | None:
     """Remove and return the call the model recorded, if it recorded one."""
     return invocation_state.pop(MODEL_CALL_KEY, None)
+
+
+def record_malformed_calls(invocation_state: dict[str, Any], calls: Iterable[ToolCall]) -> None:
+    """Leave the calls the model could not parse (``call.error`` set) for the guard that refuses them."""
+    pending = invocation_state.setdefault(MALFORMED_CALLS_KEY, {})
+    pending.update({call.id: call for call in calls if call.error is not None})
+
+
+def take_malformed_call(invocation_state: dict[str, Any], tool_use_id: str) -> ToolCall | None:
+    """Remove and return the unparseable call with this tool-use id, if the model left one."""
+    return (invocation_state.get(MALFORMED_CALLS_KEY) or {}).pop(tool_use_id, None)
+
+
+def receive_tool_errors(invocation_state: dict[str, Any], receiver: Callable[[str, str, str], None]) -> None:
+    """Ask to be told of refused tool calls: ``receiver(tool_use_id, name, error)``."""
+    invocation_state[TOOL_ERROR_RECEIVER_KEY] = receiver
+
+
+def report_tool_error(invocation_state: dict[str, Any], tool_use_id: str, name: str, error: str) -> None:
+    """Tell the invoking agent, if it asked, that a tool call was refused with ``error``."""
+    receiver = invocation_state.get(TOOL_ERROR_RECEIVER_KEY)
+    if receiver is not None:
+        receiver(tool_use_id, name, error)

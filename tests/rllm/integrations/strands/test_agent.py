@@ -162,3 +162,17 @@ async def test_plain_strands_model_is_recorded_too(serve) -> None:
 
     assert len(agent.trajectory.steps) == 2
     assert agent.trajectory.steps[1].messages[-2]["tool_call_id"].startswith("call_add_")
+
+
+async def test_an_unparseable_call_is_refused_and_recorded_without_the_validator(serve) -> None:
+    server = serve([ScriptedReply(tool_calls=[ScriptedToolCall("add", '{"a": 1, "b": ', id="bad")]),
+                    ScriptedReply(content="ok")])
+    tools = ToolLog()
+    agent = make_agent(server, tools, validate_tool_calls=False)
+
+    await agent.invoke_async("try it")
+
+    assert tools.calls == []
+    tool_message = server.requests[1]["messages"][-1]
+    assert tool_message["content"].startswith("Error: invalid arguments for tool 'add': arguments are not valid JSON")
+    assert agent.trajectory.steps[0].tool_errors == [{"id": "bad", "name": "add", "error": tool_message["content"]}]

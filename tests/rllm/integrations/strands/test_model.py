@@ -14,7 +14,7 @@ from fixtures.strands_agents import (
     make_agent,
     two_tools_then_answer,
 )
-from strands import Agent
+from strands import Agent, tool
 from strands.types.exceptions import ContextWindowOverflowException, ModelThrottledException
 
 from rllm.engine.rollout import OpenAIEngine
@@ -159,3 +159,65 @@ async def test_a_system_prompt_in_blocks_renders_one_system_turn_on_every_templa
     prompt = engine.tokenizer.decode(engine.prompts[0])
     assert prompt.count("<|im_start|>system") == 1
     assert "You answer briefly.\nPut the answer in \\boxed{}." in prompt
+
+
+def _optional_argument_tool(ran: list[dict[str, Any]]) -> Any:
+    """A tool Strands would happily run with ``{}``: its one argument has a default."""
+
+    @tool
+    def note(text: str = "nothing") -> str:
+        """Write a note down."""
+        ran.append({"text": text})
+        return f"noted {text}"
+
+    return note
+
+
+def _tool_results(agent: Agent) -> list[dict[str, Any]]:
+    return [b["toolResult"] for m in agent.messages for b in m["content"] if "toolResult" in b]
+
+
+@pytest.mark.parametrize(("arguments", "expected"), [
+    ('{"text": "hi', "arguments are not valid JSON"),
+    ('["hi"]', "arguments must be a JSON object"),
+])
+async def test_a_malformed_call_never_runs_under_a_plain_strands_agent(serve, arguments: str, expected: str) -> None:
+    server = serve([ScriptedReply(tool_calls=[ScriptedToolCall("note", arguments, id="bad")]), ScriptedReply(content="ok")])
+    ran: list[dict[str, Any]] = []
+    agent = Agent(model=RLLMModel(OpenAIEngine(model="m", base_url=server.base_url)),
+                  tools=[_optional_argument_tool(ran)], callback_handler=None)
+
+    await agent.invoke_async("note something")
+
+    assert ran == []
+    [result] = _tool_results(agent)
+    assert result["status"] == "error" and result["toolUseId"] == "bad"
+    text = result["content"][0]["text"]
+    assert text.startswith("Error: invalid arguments for tool 'note'") and expected in text and arguments in text
+    tool_message = server.requests[1]["messages"][-1]
+    assert tool_message["tool_call_id"] == "bad" and expected in tool_message["content"]
+
+
+@pytest.mark.parametrize(("broken", "expected"), [
+    ('<tool_call>\n{"name": "note", "arguments": {"text": "a", "text": "b"}}\n</tool_call>',
+     "Error: invalid arguments for tool 'note': tool call gives the JSON key 'text' twice"),
+    ('<tool_call>\n{"name": "note", "arguments": {"text": "hi"}\n</tool_call>',  # one brace short: no name
+     "Error: invalid tool call: "),
+])
+async def test_a_malformed_call_from_a_token_engine_never_runs_under_a_plain_strands_agent(broken: str,
+                                                                                           expected: str) -> None:
+    family = FAMILIES["qwen3"]
+
+    def script(messages: list[dict[str, Any]]) -> Any:
+        return broken if not any(m["role"] == "tool" for m in messages) else {"content": "ok"}
+
+    ran: list[dict[str, Any]] = []
+    engine = MessageScriptedEngine(family.tokenizer(), script, tool_parser=family.tool_parser)
+    agent = Agent(model=RLLMModel(engine), tools=[_optional_argument_tool(ran)], callback_handler=None)
+
+    await agent.invoke_async("note something")
+
+    assert ran == []
+    [result] = _tool_results(agent)
+    assert result["status"] == "error" and result["content"][0]["text"].startswith(expected)
+    assert broken in engine.tokenizer.decode(engine.prompts[1])  # the model's own tokens, then the error

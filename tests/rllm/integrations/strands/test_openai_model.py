@@ -9,7 +9,7 @@ from fixtures.strands_agents import (
     ToolLog,
     two_tools_then_answer,
 )
-from strands import Agent
+from strands import Agent, tool
 from strands.models.openai import OpenAIModel
 
 from rllm.integrations.strands import NonStreamingOpenAIModel, StrandsAgent
@@ -64,3 +64,25 @@ async def test_a_system_prompt_in_blocks_is_sent_as_one_system_message(serve) ->
     await agent.invoke_async("hi")
 
     assert [m for m in server.requests[0]["messages"] if m["role"] == "system"] == [{"role": "system", "content": "A\nB"}]
+
+
+async def test_a_malformed_call_never_runs_under_a_plain_strands_agent(serve) -> None:
+    server = serve([ScriptedReply(tool_calls=[ScriptedToolCall("note", '{"text": "hi', id="bad")]),
+                    ScriptedReply(content="ok")])
+    ran: list[str] = []
+
+    @tool
+    def note(text: str = "nothing") -> str:
+        """Write a note down."""
+        ran.append(text)
+        return "noted"
+
+    model = NonStreamingOpenAIModel(client_args={"base_url": server.base_url, "api_key": "x"}, model_id="m")
+    agent = Agent(model=model, tools=[note], callback_handler=None)
+
+    await agent.invoke_async("note something")
+
+    assert ran == []
+    tool_message = server.requests[1]["messages"][-1]
+    assert tool_message["tool_call_id"] == "bad"
+    assert tool_message["content"].startswith("Error: invalid arguments for tool 'note': arguments are not valid JSON")
