@@ -137,6 +137,13 @@ class InfrastructureFailureRateError(RLLMError):
         return self.failures / self.total if self.total else 0.0
 
 
+class WeightSyncError(RLLMError, RuntimeError):
+    """After a sync the rollout server's weights are not the actor's (tensors missing, unknown or different).
+
+    Never masked: every rollout after it would sample from weights that are not being trained.
+    """
+
+
 class TokenDataError(RLLMError, ValueError):
     """Base: the token data of a rollout would be wrong (never masked: it is a bug or a misconfiguration)."""
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import importlib.resources
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -31,6 +32,7 @@ CONFIG_DIR = Path(str(importlib.resources.files("rllm.training.verl") / "config"
 """The shipped recipes (package data, so a normal install has them too)."""
 CONFIG_NAME = "strands_hotpotqa_rloo"
 DRY_RUN_FLAG = "--dry-run"
+CPU_FLAG = "--cpu"
 TOKEN_ENV = "RETRIEVAL_TOKEN"
 
 
@@ -117,7 +119,12 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: strip ``--dry-run`` and let Hydra parse the rest of the command line."""
     args = list(sys.argv[1:] if argv is None else argv)
     dry_run = DRY_RUN_FLAG in args
-    args = [a for a in args if a != DRY_RUN_FLAG]
+    if CPU_FLAG in args:  # before verl is imported: its plugin reads the switch at import
+        from rllm.training.verl.cpu import CPU_ENV, CPU_OVERRIDES
+
+        os.environ.update(CPU_ENV)
+        args = [*CPU_OVERRIDES, *args]
+    args = [a for a in args if a not in (DRY_RUN_FLAG, CPU_FLAG)]
     if dry_run:  # print only: no Hydra output directory, log file or logging setup
         args += ["hydra.output_subdir=null", "hydra.run.dir=.", "hydra/job_logging=disabled",
                  "hydra/hydra_logging=disabled"]

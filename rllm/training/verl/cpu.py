@@ -1,0 +1,197 @@
+"""verl on CPU: the platform, process group and overrides that let verl's own trainer run without a GPU.
+
+For tests and laptops: ``RLLM_VERL_CPU=1`` (set by the launcher's ``--cpu``, never chosen silently)
+makes the plugin (``rllm.training.verl.plugin``, imported by ``import verl`` in every process)
+register this platform, and the launcher adds ``CPU_OVERRIDES`` to the recipe. verl 0.9.1 ships no
+CPU platform; what it takes:
+
+* a ``PlatformBase`` named ``cpu`` (verl's own registry; ``VERL_PLATFORM=cpu`` selects it) whose
+  Ray resource is ``GPU``, so verl's resource pools (which always ask for GPUs) get one *logical*
+  GPU per worker (``ray_init.num_gpus``);
+* ``VERL_ENGINE_DEVICE=cuda``, verl's own switch that picks the FSDP engine (registered for
+  cuda/npu only), which then runs on this platform's device, ``cpu``;
+* a gloo-only process group: verl builds ``cpu:gloo,<device>:<backend>``, which with device
+  ``cpu`` is ``cpu:gloo,cpu:gloo`` and torch refuses a device twice. verl has no hook for the
+  backend, so ``_gloo_only`` wraps the one function the FSDP worker calls (pinned by a test);
+* TransferQueue sized for a small machine (one storage unit; its default of 8 asks Ray for 8 CPUs
+  and waits forever on 2 cores), ``sdpa`` attention (flash-attn is GPU only) and FSDP2 (FSDP1
+  refuses CPU parameters).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+CPU_SWITCH = "RLLM_VERL_CPU"
+"""Environment variable that turns the CPU mode on (``1``); the launcher's ``--cpu`` sets it."""
+
+CPU_ENV = {CPU_SWITCH: "1", "VERL_PLATFORM": "cpu", "VERL_ENGINE_DEVICE": "cuda"}
+"""What every process of a CPU run needs in its environment (Ray workers inherit the driver's)."""
+
+CPU_OVERRIDES = [
+    "trainer.n_gpus_per_node=1",
+    "trainer.nnodes=1",
+    "++ray_kwargs.ray_init.num_cpus=16",
+    "++ray_kwargs.ray_init.num_gpus=1",
+    "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+    "++actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+    "actor_rollout_ref.actor.strategy=fsdp2",
+    "actor_rollout_ref.ref.strategy=fsdp2",
+    "actor_rollout_ref.rollout.name=rllm_embedded",
+    "actor_rollout_ref.rollout.dtype=float32",
+    "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32",
+    "actor_rollout_ref.rollout.agent.num_workers=1",
+]
+"""Hydra overrides that fit a recipe to one CPU process: one logical GPU, one storage unit, sdpa,
+FSDP2, the embedded rollout backend in fp32 (fp16 does not work on CPU: see ``check_precision``)."""
+
+
+def cpu_mode() -> bool:
+    """Whether this process runs verl's CPU mode (``RLLM_VERL_CPU=1``)."""
+    return os.environ.get(CPU_SWITCH, "").strip().lower() in {"1", "true", "yes"}
+
+
+class _CPUDevice(SimpleNamespace):
+    """What verl calls on ``get_torch_device()``, for the CPU: ``torch.cpu`` where it has it, no-ops elsewhere."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        if hasattr(torch.cpu, name):
+            return getattr(torch.cpu, name)
+        if name in {"memory_allocated", "memory_reserved", "max_memory_allocated", "max_memory_reserved"}:
+            return lambda *args, **kwargs: 0
+        if name == "mem_get_info":
+            return lambda *args, **kwargs: (0, 0)
+        if name in {"get_rng_state", "set_rng_state"}:
+            return getattr(torch, name)
+        if name == "get_device_name":
+            return lambda *args, **kwargs: "cpu"
+        return lambda *args, **kwargs: None
+
+
+def register_cpu_platform() -> None:
+    """Register the ``cpu`` platform in verl's ``PlatformRegistry`` (selected by ``VERL_PLATFORM=cpu``)."""
+    from verl.plugin.platform.platform_base import PlatformBase
+    from verl.plugin.platform.platform_manager import PlatformRegistry
+
+    @PlatformRegistry.register(platform="cpu")
+    class PlatformCPU(PlatformBase):
+        """A CPU as verl's accelerator: logical Ray GPUs, gloo, no IPC."""
+
+        _device_module = _CPUDevice()
+
+        @property
+        def device_name(self) -> str:
+            return "cpu"
+
+        @property
+        def vendor_name(self) -> str:
+            return "cpu"
+
+        @property
+        def device_module(self) -> Any:
+            return self._device_module
+
+        def is_available(self) -> bool:
+            return True
+
+        def is_platform_available(self, use_smi_check: bool = False) -> bool:
+            return cpu_mode()
+
+        def current_device(self) -> Any:
+            # verl passes get_device_id() as a tensor's device: an index would mean an accelerator.
+            return torch.device("cpu")
+
+        def device_count(self) -> int:
+            return 1
+
+        def set_device(self, device_index: int) -> None:
+            return None
+
+        def synchronize(self, device_index: int | None = None) -> None:
+            return None
+
+        def manual_seed(self, seed: int) -> None:
+            torch.manual_seed(seed)
+
+        def manual_seed_all(self, seed: int) -> None:
+            torch.manual_seed(seed)
+
+        def set_allocator_settings(self, settings: str) -> None:
+            return None
+
+        def empty_cache(self) -> None:
+            return None
+
+        def get_device_capability(self, device_index: int = 0) -> tuple[int | None, int | None]:
+            return None, None
+
+        def communication_backend_name(self) -> str:
+            return "gloo"
+
+        def visible_devices_envvar(self) -> str:
+            return "CUDA_VISIBLE_DEVICES"
+
+        @contextmanager
+        def nvtx_range(self, msg: str) -> Iterator[None]:
+            yield
+
+        def profiler_start(self) -> None:
+            return None
+
+        def profiler_stop(self) -> None:
+            return None
+
+        def ray_resource_name(self) -> str:
+            return "GPU"  # logical GPUs (ray_init.num_gpus): verl's resource pools always ask for them
+
+        def ray_noset_envvars(self) -> list[str]:
+            return []
+
+        def is_ipc_supported(self) -> bool:
+            return False
+
+        def cudart(self) -> Any:
+            return None
+
+
+def _gloo_only(initialize: Any) -> Any:
+    @functools.wraps(initialize)
+    def wrapped(timeout_second: Any = None, backend: str | None = None) -> Any:
+        return initialize(timeout_second=timeout_second, backend=backend or "cpu:gloo")
+
+    wrapped.__rllm_gloo_only__ = True  # type: ignore[attr-defined]
+    return wrapped
+
+
+def use_gloo_process_group() -> None:
+    """Make verl's FSDP workers start a gloo-only process group (verl would ask for gloo on ``cpu`` twice).
+
+    verl 0.9.1 offers no hook for the backend: ``verl.workers.engine_workers`` calls
+    ``initialize_global_process_group_ray(timeout_second=None)``, imported by name, which builds
+    ``cpu:gloo,{device}:{backend}``. This replaces that name in that module only, with a wrapper
+    passing ``backend="cpu:gloo"``; ``tests/rllm/training/verl/test_cpu.py`` fails if verl changes it.
+    """
+    import verl.workers.engine_workers as engine_workers
+
+    current = engine_workers.initialize_global_process_group_ray
+    if not getattr(current, "__rllm_gloo_only__", False):
+        engine_workers.initialize_global_process_group_ray = _gloo_only(current)
+
+
+def activate() -> None:
+    """Everything a process of a CPU run needs from the plugin: the platform and the gloo process group."""
+    register_cpu_platform()
+    use_gloo_process_group()
+    logger.debug("verl CPU mode: platform 'cpu' registered, gloo-only process group")
