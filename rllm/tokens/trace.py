@@ -98,6 +98,14 @@ class TokenTrace(BaseModel):
             raise TokenTraceError("context tokens before any prompt")
         self._append("context", list(ids), 0, [0.0] * len(ids))
 
+    def truncate(self, num_segments: int) -> None:
+        """Keep only the first ``num_segments`` segments: undo what a model call that sampled nothing appended."""
+        if not 0 <= num_segments <= len(self.segments):
+            raise TokenTraceError(f"cannot keep {num_segments} of {len(self.segments)} segments")
+        end = self.segments[num_segments - 1].end if num_segments else 0
+        del self.token_ids[end:], self.loss_mask[end:], self.logprobs[end:], self.segments[num_segments:]
+        self.check()
+
     def check(self) -> None:
         """Raise ``TokenTraceError`` unless lengths agree and segments tile the sequence."""
         n = len(self.token_ids)

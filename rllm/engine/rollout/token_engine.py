@@ -4,12 +4,15 @@ A ``TokenEngine`` renders chat messages itself (incrementally, see ``ChatRendere
 ids, appends the sampled ids and their logprobs to the rollout's ``TokenTrace`` and parses tool
 calls out of the sampled text with a strict parser. Backends (SGLang, vLLM, local transformers,
 verl) only implement ``_generate``. Per-rollout state lives in a ``TokenSession`` that the caller
-keeps (``RLLMModel`` keeps one per agent), so one engine serves any number of rollouts.
+keeps (``RLLMModel`` keeps one per agent), so one engine serves any number of rollouts. A call
+that is cancelled while it samples leaves the session as it found it, the first prompt excepted:
+nothing it sampled reaches the trace, and the next call continues from the last sampled turn.
 """
 
 from __future__ import annotations
 
 import abc
+import asyncio
 import copy
 import logging
 import uuid
@@ -108,6 +111,7 @@ class TokenEngine(abc.ABC):
         """Extend the session's trace with ``messages``, sample, and parse the answer."""
         session = session if session is not None else self.new_session()
         trace = session.trace
+        before = (len(trace.segments), session.messages, session.tools)
         self._extend_prompt(session, messages, tools)
         params, _ = select_sampling_params({**self.default_sampling, **sampling})
         room = self.context_length - len(trace)
@@ -116,7 +120,11 @@ class TokenEngine(abc.ABC):
         max_new = min(int(params.pop("max_tokens", params.pop("max_completion_tokens", room))), room)
         params.pop("tool_choice", None)
         prompt_ids = list(trace.token_ids)
-        output = await self._generate(prompt_ids, max_new, params, session)
+        try:
+            output = await self._generate(prompt_ids, max_new, params, session)
+        except asyncio.CancelledError:
+            self._unwind(session, *before)
+            raise
         trace.add_sampled(output.token_ids, output.logprobs)
         text = self.tokenizer.decode(output.token_ids, skip_special_tokens=False)
         parsed = self.parser.parse(text, think_prefilled=self.renderer.probe.think_prefilled, ids=session.call_ids,
@@ -136,9 +144,18 @@ class TokenEngine(abc.ABC):
                    "total_tokens": len(prompt_ids) + len(output.token_ids)},
         )
 
+    @staticmethod
+    def _unwind(session: TokenSession, segments: int, messages: list[dict[str, Any]],
+                tools: list[dict[str, Any]] | None) -> None:
+        """Undo a cancelled call's prompt extension; a first prompt stays (the rollout's trace keeps its prompt)."""
+        if segments:
+            session.trace.truncate(segments)
+            session.messages, session.tools = messages, tools
+
     def _extend_prompt(self, session: TokenSession, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> None:
         trace = session.trace
-        if not trace.segments:
+        if not trace.num_turns:  # nothing sampled yet (or a first call was cancelled): render it all
+            trace.truncate(0)
             trace.add_prompt(self.renderer.prompt_ids(messages, tools))
         else:
             previous = session.messages

@@ -10,7 +10,8 @@ a batch is decoding is prefilled (with the other newcomers) and merged into the 
 the next decode step; a finished request leaves the batch at once. Each row keeps its own
 sampling parameters, seed, stop ids and token budget, so what a request samples does not depend
 on what else is in the batch. Newcomers prefilled together run the prefix they all share (the
-system prompt and tool list of a batch of rollouts) once.
+system prompt and tool list of a batch of rollouts) once. A request whose caller is cancelled, or
+that ``abort`` names, leaves the batch at the next step, freeing its row and its KV cache.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class BatchStats:
         max_batch: Largest batch a decode step ran.
         sampled_tokens: Tokens sampled, the first token of each request (from its prefill) included.
         failed_forwards: Forwards that raised; their requests got an ``EngineError``.
+        aborted: Requests dropped before they finished: their caller was cancelled, or ``abort`` named them.
         prefill_tokens: Prompt tokens prefilled (padding not counted).
         shared_prefix_tokens: Prompt tokens not recomputed because requests prefilled together shared them.
         prefill_seconds: Wall time of prefill forwards and their sampling.
@@ -65,6 +67,7 @@ class BatchStats:
     max_batch: int = 0
     sampled_tokens: int = 0
     failed_forwards: int = 0
+    aborted: int = 0
     prefill_tokens: int = 0
     shared_prefix_tokens: int = 0
     prefill_seconds: float = 0.0
@@ -83,7 +86,10 @@ class BatchStats:
 
 @dataclass(eq=False)
 class _Request:
-    """One call of ``_generate``: what to sample, how, and where to hand the result back."""
+    """One call of ``_generate``: what to sample, how, and where to hand the result back.
+
+    ``aborted`` is set from any thread (the caller cancelled, or ``abort``); the worker drops the row.
+    """
 
     prompt_ids: list[int]
     max_new_tokens: int
@@ -96,6 +102,8 @@ class _Request:
     future: asyncio.Future[TokenOutput]
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    request_id: str = ""
+    aborted: bool = False
 
     def add(self, token: int, logprob: float) -> bool:
         """Append a sampled token; whether the request is now finished."""
@@ -103,9 +111,9 @@ class _Request:
         self.logprobs.append(logprob)
         return token in self.stop_ids or len(self.token_ids) >= self.max_new_tokens
 
-    def output(self) -> TokenOutput:
+    def output(self, *, aborted: bool = False) -> TokenOutput:
         finish = "stop" if self.token_ids and self.token_ids[-1] in self.stop_ids else "length"
-        return TokenOutput(token_ids=self.token_ids, logprobs=self.logprobs, finish_reason=finish)
+        return TokenOutput(token_ids=self.token_ids, logprobs=self.logprobs, finish_reason="abort" if aborted else finish)
 
 
 @dataclass
@@ -337,7 +345,8 @@ class TransformersEngine(TokenEngine):
     request's own generator, so seeded sampling does not depend on the rest of the batch). Each
     sampled token's logprob is the float32 log_softmax of the processed scores it was drawn
     from (the raw logits for greedy). A forward that raises fails the requests in it with an
-    ``EngineError``; the worker goes on with the others.
+    ``EngineError``; the worker goes on with the others. ``abort`` stops requests in flight (one
+    rollout's, or all of them, as verl's ``abort_all_requests`` does with a rollout server).
 
     Args:
         model: A loaded ``PreTrainedModel`` or a path / hub name to load with ``AutoModelForCausalLM``.
@@ -381,6 +390,7 @@ class TransformersEngine(TokenEngine):
         self._pad_id = int(pad_id if pad_id is not None else self.tokenizer.eos_token_id or 0)
         self._lock = threading.Lock()
         self._pending: deque[_Request] = deque()
+        self._in_flight: set[_Request] = set()
         self._worker: threading.Thread | None = None
 
     async def _generate(self, prompt_ids: list[int], max_new_tokens: int, sampling: dict[str, Any], session: TokenSession) -> TokenOutput:
@@ -400,13 +410,37 @@ class TransformersEngine(TokenEngine):
             generator=generator,
             loop=loop,
             future=loop.create_future(),
+            request_id=session.request_id,
         )
         with self._lock:
             self._pending.append(request)
+            self._in_flight.add(request)
             if self._worker is None:
                 self._worker = threading.Thread(target=self._serve, name="TransformersEngine-decode", daemon=True)
                 self._worker.start()
-        return await request.future
+        try:
+            return await request.future
+        except asyncio.CancelledError:
+            request.aborted = True  # nobody waits for it: the worker drops it at its next step
+            raise
+        finally:
+            with self._lock:
+                self._in_flight.discard(request)
+
+    def abort(self, request_id: str | None = None) -> int:
+        """Abort the requests in flight of the rollout ``request_id`` (its ``TokenSession.request_id``), or all.
+
+        Each leaves the batch at the decode loop's next step, which frees its row and its KV cache;
+        its caller gets the tokens sampled so far with finish reason ``abort`` (what verl expects of
+        a rollout server's ``abort_all_requests``). Safe from any thread. Returns how many were aborted.
+        """
+        with self._lock:
+            hit = [r for r in self._in_flight if not r.aborted and (request_id is None or r.request_id == request_id)]
+            for request in hit:
+                request.aborted = True
+        if hit:
+            logger.debug("aborting %d request(s)%s", len(hit), "" if request_id is None else f" of {request_id}")
+        return len(hit)
 
     def _serve(self) -> None:
         """The worker: admit newcomers, decode one step, until no request is left."""
@@ -418,7 +452,7 @@ class TransformersEngine(TokenEngine):
                 if batch is None and not newcomers:
                     self._worker = None
                     return
-            newcomers = [r for r in newcomers if not r.future.cancelled()]
+            newcomers = [r for r in newcomers if not self._drop_if_aborted(r)]
             try:
                 with torch.inference_mode():
                     if newcomers:
@@ -521,7 +555,7 @@ class TransformersEngine(TokenEngine):
 
     def _decode(self, batch: _Batch) -> _Batch | None:
         """Feed every row its last sampled token, sample the next, retire the finished rows."""
-        live = [row for row, request in enumerate(batch.requests) if not request.future.cancelled()]
+        live = [row for row, request in enumerate(batch.requests) if not self._drop_if_aborted(request)]
         next_batch = _keep_rows(batch, live)
         if next_batch is None:
             return None
@@ -542,6 +576,14 @@ class TransformersEngine(TokenEngine):
         batch.last_tokens = torch.tensor(tokens, device=batch.last_tokens.device)
         keep = [row for row, request in enumerate(batch.requests) if not self._finish_if_done(request, tokens[row], logprobs[row])]
         return _keep_rows(batch, keep)
+
+    def _drop_if_aborted(self, request: _Request) -> bool:
+        """Hand an aborted request (or one whose caller gave up) back with what it sampled, and say so."""
+        if not (request.aborted or request.future.cancelled()):
+            return False
+        self.stats.aborted += 1
+        _hand_back(request, request.output(aborted=True))
+        return True
 
     @staticmethod
     def _finish_if_done(request: _Request, token: int, logprob: float) -> bool:

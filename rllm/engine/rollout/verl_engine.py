@@ -5,7 +5,9 @@ sampling_params=...) -> TokenOutput``; this engine renders the conversation incr
 every other ``TokenEngine`` and sends the rollout's exact token ids. Every turn of one rollout
 carries the same ``request_id``, so verl routes it to the same replica and its prefix cache is
 reused. The engine also enforces the trainer's response budget: verl does not truncate, so
-everything after the first prompt (sampled and tool tokens) must fit ``response_length``.
+everything after the first prompt (sampled and tool tokens) must fit ``response_length``. A
+generation cancelled in flight (``agent.cancel()``, a rollout timeout) is aborted through the server
+client's ``abort_request(request_id=...)`` where it offers one.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ __all__ = ["PromptTooLongError", "ResponseBudgetExhaustedError", "VerlEngine", "
 # rllm's sampling vocabulary (tool_choice, chat_template_kwargs, ...) has no meaning there.
 _PASS_THROUGH = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "presence_penalty",
                  "frequency_penalty", "repetition_penalty", "logprobs")
+_ABORT_TIMEOUT_S = 5.0
+"""Longest wait for the server client's abort of a cancelled generation (the cancellation must not hang)."""
 
 
 @dataclass
@@ -128,6 +132,7 @@ class VerlEngine(TokenEngine):
                 request_id=session.request_id, prompt_ids=prompt_ids, sampling_params=params
             )
         except asyncio.CancelledError:
+            await self._abort(session)
             raise
         except Exception as error:  # the rollout server (a Ray actor) failed: infrastructure
             raise EngineUnavailableError(
@@ -152,6 +157,21 @@ class VerlEngine(TokenEngine):
         # verl reports "completed" for both a stop and a cut; a cut is a full budget without a stop token.
         cut = len(ids) >= max_new and (not ids or ids[-1] not in self._stop_ids)
         return TokenOutput(token_ids=ids, logprobs=logprobs, finish_reason="length" if cut else "stop")
+
+    async def _abort(self, session: TokenSession) -> None:
+        """Ask the server client to abort the rollout's generation, where it offers ``abort_request``.
+
+        verl 0.9.1's ``LLMServerClient`` offers none (a cancelled Ray call does not stop the server):
+        there the generation runs to its end on the server and its tokens are dropped.
+        """
+        abort = getattr(self.server_manager, "abort_request", None)
+        if abort is None:
+            logger.debug("verl's server client cannot abort request %s; its tokens are dropped", session.request_id)
+            return
+        try:
+            await asyncio.wait_for(abort(request_id=session.request_id), timeout=_ABORT_TIMEOUT_S)
+        except Exception as error:  # the rollout is cancelled either way; the abort is best effort
+            logger.warning("could not abort verl request %s: %s: %s", session.request_id, type(error).__name__, error)
 
     @staticmethod
     def _record(session: VerlSession, output: Any) -> None:
