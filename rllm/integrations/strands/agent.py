@@ -13,6 +13,7 @@ from strands.hooks import AfterModelCallEvent, BeforeModelCallEvent, HookProvide
 from strands.telemetry import EventLoopMetrics
 from strands.types.content import Message
 
+from rllm.integrations.strands._cancel import CANCELLED, cancelled_output
 from rllm.integrations.strands._format import format_messages, format_tools
 from rllm.integrations.strands.hooks import Budget, BudgetHook, ToolCallValidator, ToolFailureHook
 from rllm.integrations.strands.recording import ModelCall, receive_token_session, receive_tool_errors, take_model_call
@@ -75,10 +76,11 @@ class _StepRecorder(HookProvider):
             return
         agent = event.agent
         if call is None:  # a model that does not record its calls: rebuild what it was given
+            cancelled = event.stop_response.stop_reason == CANCELLED  # the message is Strands' placeholder
             call = ModelCall(
                 messages=format_messages(agent.messages, agent.system_prompt),
                 tools=format_tools(agent.tool_registry.get_all_tool_specs()),
-                output=_output_from_message(event.stop_response.message),
+                output=cancelled_output() if cancelled else _output_from_message(event.stop_response.message),
             )
         self.last_error = None
         self.trajectory.steps.append(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import AsyncGenerator
 from typing import Any, TypedDict, TypeVar
@@ -16,6 +17,7 @@ from strands.types.tools import ToolChoice, ToolSpec
 from typing_extensions import Unpack, override
 
 from rllm.engine.rollout.base import ContextLengthExceededError, EngineThrottledError, RolloutEngine
+from rllm.integrations.strands._cancel import cancelled_output, unless_cancelled
 from rllm.integrations.strands._format import format_messages, format_tool_choice, format_tools, output_events
 from rllm.integrations.strands.hooks import MalformedCallGuard
 from rllm.integrations.strands.recording import TOKEN_SESSION_KEY, ModelCall, record_model_call, record_token_session
@@ -82,6 +84,7 @@ class RLLMModel(Model):
         system_prompt_content: list[SystemContentBlock] | None = None,
         invocation_state: dict[str, Any] | None = None,
         model_state: dict[str, Any] | None = None,
+        cancel_signal: threading.Event | None = None,
         **kwargs: Any,
     ) -> AsyncGenerator[StreamEvent, None]:
         """Send the conversation to the engine and replay its answer as Strands events.
@@ -89,6 +92,11 @@ class RLLMModel(Model):
         With a token engine, the rollout's ``TokenSession`` lives in the agent's own model state
         (``model_state``), so it follows the agent, not the model, and ``reset()`` clears it; the
         agent reads it as ``agent.token_session`` and its trace as ``agent.trajectory.token_trace``.
+
+        When ``cancel_signal`` (the agent's, from ``agent.cancel()`` or the invocation's) is set
+        while the engine works, the request is aborted on the engine, the call is recorded with
+        finish reason ``cancelled`` and nothing sampled, and no event is yielded: Strands ends the
+        turn with stop reason ``cancelled``.
         """
         request_messages = format_messages(messages, system_prompt, system_prompt_content)
         tools = format_tools(tool_specs)
@@ -104,11 +112,18 @@ class RLLMModel(Model):
             record_token_session(invocation_state, session)
         started = time.perf_counter()
         try:
-            output = await self.rollout_engine.get_model_response(request_messages, tools or None, **sampling)
+            output = await unless_cancelled(
+                self.rollout_engine.get_model_response(request_messages, tools or None, **sampling), cancel_signal
+            )
         except EngineThrottledError as error:
             raise ModelThrottledException(str(error)) from error
         except ContextLengthExceededError as error:
             raise ContextWindowOverflowException(str(error)) from error
+        if output is None:
+            logger.debug("model call cancelled after %.2fs; the engine's request was aborted",
+                         time.perf_counter() - started)
+            record_model_call(invocation_state, ModelCall(messages=request_messages, tools=tools, output=cancelled_output()))
+            return
         latency_ms = int(1000 * (time.perf_counter() - started))
         record_model_call(invocation_state, ModelCall(messages=request_messages, tools=tools, output=output))
         self._guard.protect(invocation_state, output.tool_calls)

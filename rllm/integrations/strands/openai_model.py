@@ -4,12 +4,14 @@ A LiteLLM proxy's post-call success hook fires only for non-streamed calls, so a
 are traced through such a proxy need every request sent with ``stream: false``. The answer is
 replayed as the same Strands event sequence a streamed call produces, and the call is recorded
 for ``StrandsAgent`` like ``RLLMModel``'s, token ids and logprobs included when the server sends
-them, and a call whose arguments are not a JSON object never runs, as with ``RLLMModel``.
+them, and a call whose arguments are not a JSON object never runs, as with ``RLLMModel``. A set
+``cancel_signal`` aborts the HTTP request in flight, as with ``RLLMModel``.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -24,6 +26,7 @@ from strands.types.tools import ToolChoice, ToolSpec
 from typing_extensions import Unpack, override
 
 from rllm.engine.rollout.openai_engine import is_context_overflow, parse_chat_completion
+from rllm.integrations.strands._cancel import cancelled_output, unless_cancelled
 from rllm.integrations.strands._format import format_messages, output_events
 from rllm.integrations.strands.hooks import MalformedCallGuard
 from rllm.integrations.strands.recording import ModelCall, record_model_call
@@ -69,9 +72,10 @@ class NonStreamingOpenAIModel(OpenAIModel):
         system_prompt_content: list[SystemContentBlock] | None = None,
         invocation_state: dict[str, Any] | None = None,
         agent_metadata: AgentMetadata | None = None,
+        cancel_signal: threading.Event | None = None,
         **kwargs: Any,
     ) -> AsyncGenerator[StreamEvent, None]:
-        """Send one non-streamed chat completion and replay it as Strands events."""
+        """Send one non-streamed chat completion and replay it as Strands events (nothing once cancelled)."""
         request = self.format_request(
             messages,
             tool_specs,
@@ -85,13 +89,17 @@ class NonStreamingOpenAIModel(OpenAIModel):
         started = time.perf_counter()
         async with self._get_client() as client:
             try:
-                response = await client.chat.completions.create(**request)
+                response = await unless_cancelled(client.chat.completions.create(**request), cancel_signal)
             except openai.APIError as error:
                 if isinstance(error, openai.APIStatusError) and error.status_code == 429:
                     raise ModelThrottledException(str(error)) from error
                 if is_context_overflow(error):
                     raise ContextWindowOverflowException(str(error)) from error
                 raise
+        if response is None:  # cancelled: the connection was closed, so the server aborts the request
+            record_model_call(invocation_state, ModelCall(messages=request["messages"], tools=request.get("tools", []),
+                                                          output=cancelled_output()))
+            return
         latency_ms = int(1000 * (time.perf_counter() - started))
         output = parse_chat_completion(response)
         record_model_call(
