@@ -93,7 +93,8 @@ class NonStreamingOpenAIModel(OpenAIModel):
             except openai.APIError as error:
                 if isinstance(error, openai.APIStatusError) and error.status_code == 429:
                     raise ModelThrottledException(str(error)) from error
-                if is_context_overflow(error):
+                client_error = isinstance(error, openai.APIStatusError) and error.status_code < 500
+                if client_error and is_context_overflow(error):  # a 5xx saying "too long" is the server's failure
                     raise ContextWindowOverflowException(str(error)) from error
                 raise
         if response is None:  # cancelled: the connection was closed, so the server aborts the request

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import openai
+import pytest
 from fixtures.strands_agents import (
     SYSTEM,
     ToolLog,
@@ -14,6 +16,7 @@ from strands.models.openai import OpenAIModel
 
 from rllm.integrations.strands import NonStreamingOpenAIModel, StrandsAgent
 from rllm.testing.scripted_server import ScriptedReply, ScriptedToolCall
+from rllm.types import TerminationReason
 
 
 async def test_non_streaming_openai_model_sends_stream_false(serve) -> None:
@@ -86,3 +89,15 @@ async def test_a_malformed_call_never_runs_under_a_plain_strands_agent(serve) ->
     tool_message = server.requests[1]["messages"][-1]
     assert tool_message["tool_call_id"] == "bad"
     assert tool_message["content"].startswith("Error: invalid arguments for tool 'note': arguments are not valid JSON")
+
+
+async def test_a_server_error_that_says_too_long_is_not_a_context_overflow(serve) -> None:
+    server = serve([ScriptedReply(status=503, error="upstream took too long")])
+    model = NonStreamingOpenAIModel(client_args={"base_url": server.base_url, "api_key": "x", "max_retries": 0},
+                                    model_id="m")
+    agent = StrandsAgent(model)
+
+    with pytest.raises(openai.InternalServerError):
+        await agent.invoke_async("hi")
+
+    assert agent.termination_reason is not TerminationReason.CONTEXT_OVERFLOW
