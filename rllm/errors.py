@@ -144,6 +144,18 @@ class WeightSyncError(RLLMError, RuntimeError):
     """
 
 
+class TrainingGuardError(RLLMError):
+    """A training guard found that training stopped being real (stale served weights, no reward signal, NaN, ...).
+
+    Attributes:
+        step: The training step it was found at.
+    """
+
+    def __init__(self, message: str, *, step: int | None = None) -> None:
+        super().__init__(message)
+        self.step = step
+
+
 class TokenDataError(RLLMError, ValueError):
     """Base: the token data of a rollout would be wrong (never masked: it is a bug or a misconfiguration)."""
 

@@ -119,7 +119,8 @@ class FinishedRollout:
         fields: ``TokenTrace.to_verl(response_length)`` of a token engine's trace (prompt_ids,
             response_ids, response_mask, response_logprobs, num_turns); ``None`` without a token
             engine or when the run stopped before its first model call.
-        truncated: The response ran past ``response_length`` and ``fields`` were cut.
+        truncated: The response was cut at ``response_length``: ran past it (``fields`` cut there), or
+            filled it and ended by the token budget.
         num_model_calls: Sampled turns in the token trace (0 without one).
         metrics: ``trajectory_metrics`` plus ``latency_s``.
     """
@@ -151,6 +152,13 @@ class FinishedRollout:
             raise RolloutWithoutTokensError(
                 f"the agent stopped before its first model call: {self.end.failure}") from self.error
         return self.fields
+
+
+def _truncated(response: int, response_length: int | None, reason: TerminationReason) -> bool:
+    """Whether the response was cut at ``response_length``: longer than it, or filling it and ended by the budget."""
+    if response_length is None:
+        return False
+    return response > response_length or (response == response_length and reason is TerminationReason.MAX_TOKENS)
 
 
 async def run_rollout(
@@ -185,7 +193,7 @@ async def run_rollout(
         error=error,
         trajectory=trajectory,
         fields=trace.to_verl(response_length),
-        truncated=response_length is not None and len(trace) - trace.prompt_length > response_length,
+        truncated=_truncated(len(trace) - trace.prompt_length, response_length, end.reason),
         num_model_calls=trace.num_turns,
         metrics=metrics,
     )

@@ -195,3 +195,22 @@ def activate() -> None:
     register_cpu_platform()
     use_gloo_process_group()
     logger.debug("verl CPU mode: platform 'cpu' registered, gloo-only process group")
+
+
+_HALF = {"fp16", "float16", "half", "bf16", "bfloat16"}
+
+
+def check_precision(config: Any) -> None:
+    """Refuse half precision in a CPU run, naming the keys: it would train on inf and NaN, never learn.
+
+    Raises ``ValueError`` when the actor's mixed-precision ``param_dtype`` or the rollout's
+    ``dtype`` is fp16 or bf16.
+    """
+    from omegaconf import OmegaConf
+
+    keys = ("actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype", "actor_rollout_ref.rollout.dtype")
+    half = {key: value for key in keys if str(value := OmegaConf.select(config, key, default="")).lower() in _HALF}
+    if half:
+        settings = ", ".join(f"{k}={v}" for k, v in half.items())
+        raise ValueError(f"{settings}: half precision does not train on CPU (the CPU mode's fp16 gives an infinite "
+                         "entropy and a NaN loss); run it on a GPU, or set these to fp32 / float32 for a CPU run")

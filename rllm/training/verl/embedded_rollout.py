@@ -106,7 +106,6 @@ class EmbeddedRolloutServer:
 
     def __init__(self, config: Any, model_config: Any, replica_rank: int = 0, device: str | None = None) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
-
         from verl.utils.config import omega_conf_to_dataclass
         from verl.workers.config import HFModelConfig, RolloutConfig
 

@@ -8,10 +8,15 @@ file paths in it absolute (Ray workers may not share this working directory), re
 workers get values, not environment lookups), checks the agent loop's settings and hands it to
 verl's own ``main``, which validates it and starts the trainer.
 
-    python -m rllm.training.verl.train [--dry-run] [hydra overrides ...]
+    python -m rllm.training.verl.train [--dry-run] [--smoke] [--cpu] [hydra overrides ...]
 
-``--dry-run`` validates the composed config with verl's ``validate_config`` and the loop's
-``loop_settings`` and prints it, resolved, without starting Ray, a GPU or the retrieval server.
+``--dry-run`` validates the composed config with verl's ``validate_config``, the loop's
+``loop_settings`` and the launch checks, and prints it, resolved, without starting Ray, a GPU or the
+retrieval server. ``--smoke`` runs two real steps of the recipe on this machine (``SMOKE_OVERRIDES``);
+``--cpu`` runs verl on the CPU (``rllm.training.verl.cpu``). The trainer is verl's own, run by
+``GuardedTaskRunner``: every step logs the training guards and stops when one is violated. The
+retrieval server's token goes from this process's ``RETRIEVAL_TOKEN`` to the rollout workers
+through Ray's runtime environment, never through the config verl prints and tracks.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -33,6 +39,24 @@ CONFIG_DIR = Path(str(importlib.resources.files("rllm.training.verl") / "config"
 CONFIG_NAME = "strands_hotpotqa_rloo"
 DRY_RUN_FLAG = "--dry-run"
 CPU_FLAG = "--cpu"
+SMOKE_FLAG = "--smoke"
+SMOKE_OVERRIDES = [
+    "actor_rollout_ref.rollout.name=rllm_embedded",
+    "trainer.n_gpus_per_node=1",
+    "trainer.nnodes=1",
+    "data.train_batch_size=2",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+    "actor_rollout_ref.rollout.n=2",
+    "actor_rollout_ref.rollout.agent.num_workers=1",
+    "trainer.total_training_steps=2",
+    "trainer.val_before_train=false",
+    "trainer.test_freq=-1",
+    "trainer.save_freq=-1",
+    "trainer.logger=[console]",
+]
+"""``--smoke``: two real steps of the recipe on this machine (one GPU with the embedded backend, or ``--cpu``),
+two prompts of two rollouts each, nothing saved or validated, so a broken tool, reward, template or config
+shows before a cluster is rented. Overrides given after it still apply."""
 TOKEN_ENV = "RETRIEVAL_TOKEN"
 
 
@@ -81,22 +105,58 @@ def check_agent_loops(config: DictConfig) -> None:
         loop_settings(config)
 
 
-def _masked(config: DictConfig) -> DictConfig:
-    """A copy of ``config`` with the retrieval token, if set, shown as ``***``."""
-    shown = config.copy()
-    env_vars = OmegaConf.select(shown, "ray_kwargs.ray_init.runtime_env.env_vars")
-    if env_vars is not None and env_vars.get(TOKEN_ENV):
-        env_vars[TOKEN_ENV] = "***"
-    return shown
+def check_launch(config: DictConfig) -> None:
+    """What would make the run not real, refused before Ray starts: every message names the key to change."""
+    from rllm.training.verl.cpu import check_precision, cpu_mode
+    from rllm.training.verl.guards import GUARDS_KEY, GuardSettings
+
+    block = OmegaConf.select(config, GUARDS_KEY, default=None)
+    guards = GuardSettings.from_mapping(OmegaConf.to_container(block, resolve=True) if block is not None else None)  # type: ignore[arg-type]
+    n = int(config.actor_rollout_ref.rollout.n)
+    if guards.min_rollouts_per_group is not None and n < guards.min_rollouts_per_group:
+        raise ValueError(f"actor_rollout_ref.rollout.n={n}: RLOO's baseline leaves each rollout out of its group's "
+                         f"mean, so it needs at least {guards.min_rollouts_per_group} rollouts per prompt "
+                         "(a group of one is REINFORCE without a baseline)")
+    if not OmegaConf.select(config, "trainer.use_v1", default=True):
+        raise ValueError("trainer.use_v1=false: the Strands agent loop, its manager and the guards run on verl's "
+                         "v1 trainer only")
+    if cpu_mode():
+        check_precision(config)
+    check_agent_loops(config)
 
 
 def validate(config: DictConfig) -> None:
-    """Verl's own config checks, as ``verl.trainer.main_ppo.main`` runs them, and the agent loop's settings."""
+    """Verl's own config checks, as ``verl.trainer.main_ppo.main`` runs them, then ``check_launch``."""
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 
     validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
-    check_agent_loops(config)
+    check_launch(config)
+
+
+def ray_init_kwargs(config: DictConfig, token: str | None) -> dict[str, Any]:
+    """``ray.init``'s arguments as verl's ``run_ppo`` builds them, plus the retrieval token in the workers' environment.
+
+    The token never enters the config that verl prints and hands to its trackers; it reaches every
+    rollout worker through Ray's runtime environment, on one machine and on a cluster alike.
+    """
+    from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
+
+    runtime_env = get_ppo_ray_runtime_env(config)
+    kwargs = OmegaConf.to_container(OmegaConf.select(config, "ray_kwargs.ray_init", default={}) or {}, resolve=True)
+    assert isinstance(kwargs, dict)
+    if config.transfer_queue.enable:
+        runtime_env.setdefault("env_vars", {})["TRANSFER_QUEUE_ENABLE"] = "1"
+    merged = OmegaConf.to_container(OmegaConf.merge(runtime_env, kwargs.get("runtime_env") or {}), resolve=True)
+    assert isinstance(merged, dict)
+    env_vars = dict(merged.get("env_vars") or {})
+    if TOKEN_ENV in env_vars:
+        raise ValueError(f"ray_kwargs.ray_init.runtime_env.env_vars.{TOKEN_ENV} would print the retrieval token "
+                         f"with the config and send it to every tracker: set {TOKEN_ENV} in the environment instead")
+    if token:
+        env_vars[TOKEN_ENV] = token
+    merged["env_vars"] = env_vars
+    return {**kwargs, "runtime_env": merged}
 
 
 def _run(config: DictConfig, dry_run: bool) -> None:
@@ -104,27 +164,42 @@ def _run(config: DictConfig, dry_run: bool) -> None:
     if dry_run:
         with contextlib.redirect_stdout(sys.stderr):  # verl prints its verdict; stdout is the config only
             validate(config)
-        print(OmegaConf.to_yaml(_masked(config), resolve=True), end="")
+        print(OmegaConf.to_yaml(config, resolve=True), end="")
         logger.info("dry run: the config composes and passes verl's validation; nothing was started")
         return
-    check_agent_loops(config)  # a bad setting fails here, not in every rollout worker
-    from verl.trainer.main_ppo import main as verl_main
+    import ray
+    from verl.trainer.main_ppo import run_ppo
+    from verl.utils.device import auto_set_device
 
-    # verl's main is a @hydra.main function; given a config it runs on it directly
-    # (auto device selection, validate_config, then the v1 or v0 trainer on Ray).
-    verl_main(config)
+    from rllm.training.verl.runner import GuardedTaskRunner
+
+    # What verl's own main does (device selection, validation), then its run_ppo with the guarded task runner.
+    auto_set_device(config)
+    validate(config)
+    if not ray.is_initialized():
+        ray.init(**ray_init_kwargs(config, os.environ.get(TOKEN_ENV) or None))
+    run_ppo(config, task_runner_class=GuardedTaskRunner)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: strip ``--dry-run`` and let Hydra parse the rest of the command line."""
     args = list(sys.argv[1:] if argv is None else argv)
     dry_run = DRY_RUN_FLAG in args
+    flags = (DRY_RUN_FLAG, CPU_FLAG, SMOKE_FLAG)
+    overrides = [a for a in args if a not in flags]
+    if SMOKE_FLAG in args:
+        if CPU_FLAG not in args and not dry_run:
+            import torch
+
+            if not torch.cuda.is_available():
+                sys.exit(f"{SMOKE_FLAG}: no GPU here; add {CPU_FLAG} to run the smoke steps on the CPU")
+        overrides = [*SMOKE_OVERRIDES, *overrides]
     if CPU_FLAG in args:  # before verl is imported: its plugin reads the switch at import
         from rllm.training.verl.cpu import CPU_ENV, CPU_OVERRIDES
 
         os.environ.update(CPU_ENV)
-        args = [*CPU_OVERRIDES, *args]
-    args = [a for a in args if a not in (DRY_RUN_FLAG, CPU_FLAG)]
+        overrides = [*CPU_OVERRIDES, *overrides]
+    args = overrides
     if dry_run:  # print only: no Hydra output directory, log file or logging setup
         args += ["hydra.output_subdir=null", "hydra.run.dir=.", "hydra/job_logging=disabled",
                  "hydra/hydra_logging=disabled"]

@@ -1,0 +1,177 @@
+"""Guards that say when verl training has stopped being real: a metric each per step, and a stop when violated.
+
+Training can go on looking healthy while learning nothing. Each way it can is measured on every
+step from the batch verl trained on, logged beside verl's own metrics under ``rllm/guard/``, and
+checked against the recipe's ``rllm.guards`` block (on by default; ``null`` turns one off):
+
+* ``max_logprob_gap``: the mean |log-prob the rollout sampled with - log-prob the actor computes|
+  over sampled tokens. Far apart, the served weights are not the trained ones (a sync that never
+  arrived, a LoRA adapter never merged, a template or tokenizer mismatch). Stop.
+* ``min_rollouts_per_group``: RLOO's baseline needs ``rollout.n >= 2``; a group of one turns it into
+  plain REINFORCE with no baseline (refused at launch, and any step with a group smaller than
+  this stops).
+* ``max_truncated_share``: the share of responses cut at ``response_length``. Stop above it.
+* ``max_steps_without_signal``: steps in a row whose reward is constant within every group (no
+  gradient at all). Stop after that many.
+* tool calls per episode falling to zero after they were above it: a warning with the step (a
+  policy may legitimately stop calling tools, but never unnoticed).
+* a loss, gradient norm or entropy that is NaN or infinite: stop with the step, always.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rllm.errors import TrainingGuardError
+
+logger = logging.getLogger(__name__)
+
+GUARDS_KEY = "rllm.guards"
+"""Where the recipe holds the guard settings (the fields of ``GuardSettings``)."""
+PREFIX = "rllm/guard/"
+"""Prefix of the guard metrics in verl's logged metrics."""
+
+_FINITE_METRICS = ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/pg_loss/mean")
+
+
+@dataclass(frozen=True)
+class GuardSettings:
+    """Thresholds of the guards (``None`` turns one off); see the module docstring.
+
+    Attributes:
+        max_logprob_gap: Largest mean |rollout - actor| log-prob over sampled tokens.
+        min_rollouts_per_group: Fewest rollouts a group (verl ``uid``) may have.
+        max_truncated_share: Largest share of responses cut at ``response_length``.
+        max_steps_without_signal: Steps in a row with a constant reward in every group before stopping.
+        warn_on_tool_collapse: Warn when tool calls per episode fall to zero after being above it.
+    """
+
+    max_logprob_gap: float | None = 0.1
+    min_rollouts_per_group: int | None = 2
+    max_truncated_share: float | None = 0.5
+    max_steps_without_signal: int | None = 3
+    warn_on_tool_collapse: bool = True
+
+    @classmethod
+    def from_mapping(cls, values: dict[str, Any] | None) -> GuardSettings:
+        """Settings from the recipe's block; an unknown key is an error naming it."""
+        values = dict(values or {})
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown keys {[f'{GUARDS_KEY}.{k}' for k in unknown]}; the guards read {sorted(known)}")
+        return cls(**values)
+
+
+@dataclass
+class StepRollouts:
+    """What the guards read of one step's batch, a row per rollout.
+
+    Attributes:
+        groups: Each rollout's group (verl's ``uid``).
+        rewards: Each rollout's reward (its ``rm_scores`` summed).
+        rollout_logprobs: Per rollout, the log-probs its tokens were sampled with (sampled tokens only).
+        actor_logprobs: Per rollout, the actor's log-probs of the same tokens.
+        truncated: Per rollout, whether its response was cut at ``response_length``.
+        tool_calls: Per rollout, its tool calls (``None`` where the loop did not report them).
+    """
+
+    groups: Sequence[Any]
+    rewards: Sequence[float]
+    rollout_logprobs: Sequence[Sequence[float]] = field(default_factory=list)
+    actor_logprobs: Sequence[Sequence[float]] = field(default_factory=list)
+    truncated: Sequence[bool] = field(default_factory=list)
+    tool_calls: Sequence[float | None] = field(default_factory=list)
+
+
+def step_metrics(rollouts: StepRollouts) -> dict[str, float]:
+    """The guard metrics of one step (``rllm/guard/...``)."""
+    metrics: dict[str, float] = {}
+    by_group: dict[Any, list[float]] = defaultdict(list)
+    for group, reward in zip(rollouts.groups, rollouts.rewards, strict=True):
+        by_group[group].append(float(reward))
+    sizes = [len(v) for v in by_group.values()]
+    varied = [len(set(v)) > 1 for v in by_group.values()]
+    metrics[f"{PREFIX}groups"] = float(len(by_group))
+    metrics[f"{PREFIX}min_group_size"] = float(min(sizes)) if sizes else 0.0
+    metrics[f"{PREFIX}groups_with_signal_share"] = sum(varied) / len(varied) if varied else 0.0
+    gaps = [abs(a - b) for rollout, actor in zip(rollouts.rollout_logprobs, rollouts.actor_logprobs, strict=True)
+            for a, b in zip(rollout, actor, strict=True)]
+    if gaps:
+        metrics[f"{PREFIX}logprob_gap_mean"] = sum(gaps) / len(gaps)
+        metrics[f"{PREFIX}logprob_gap_max"] = max(gaps)
+    if rollouts.truncated:
+        metrics[f"{PREFIX}truncated_share"] = sum(map(bool, rollouts.truncated)) / len(rollouts.truncated)
+    calls = [c for c in rollouts.tool_calls if c is not None]
+    if calls:
+        metrics[f"{PREFIX}tool_calls_per_episode"] = sum(calls) / len(calls)
+    return metrics
+
+
+class TrainingGuards:
+    """Checks each step's metrics against ``GuardSettings``; stops with ``TrainingGuardError`` naming the step."""
+
+    def __init__(self, settings: GuardSettings) -> None:
+        self.settings = settings
+        self.steps_without_signal = 0
+        self.tools_were_used = False
+
+    def check(self, step: int, metrics: dict[str, Any]) -> list[str]:
+        """Raise on a violated guard; return the warnings (already logged)."""
+        s, warnings = self.settings, []
+        for name in _FINITE_METRICS:
+            value = metrics.get(name)
+            if value is not None and not math.isfinite(float(value)):
+                raise TrainingGuardError(f"step {step}: {name} is {value}; stopping instead of training on it "
+                                         "(fp16 overflow? see the README's precision notes)", step=step)
+        gap = metrics.get(f"{PREFIX}logprob_gap_mean")
+        if s.max_logprob_gap is not None and gap is not None and gap > s.max_logprob_gap:
+            raise TrainingGuardError(
+                f"step {step}: the rollout sampled with log-probs {gap:.3g} away from the actor's on average "
+                f"(max {metrics.get(f'{PREFIX}logprob_gap_max', float('nan')):.3g}; rllm.guards.max_logprob_gap="
+                f"{s.max_logprob_gap}): the served weights are not the ones being trained", step=step)
+        smallest = metrics.get(f"{PREFIX}min_group_size")
+        if s.min_rollouts_per_group is not None and smallest is not None and smallest < s.min_rollouts_per_group:
+            raise TrainingGuardError(
+                f"step {step}: a group has {int(smallest)} rollout(s); RLOO needs at least "
+                f"{s.min_rollouts_per_group} per prompt for its baseline (actor_rollout_ref.rollout.n)", step=step)
+        truncated = metrics.get(f"{PREFIX}truncated_share")
+        if s.max_truncated_share is not None and truncated is not None and truncated > s.max_truncated_share:
+            raise TrainingGuardError(
+                f"step {step}: {truncated:.0%} of the responses were cut at response_length "
+                f"(rllm.guards.max_truncated_share={s.max_truncated_share}); raise data.max_response_length "
+                "or lower the agent's budget", step=step)
+        signal = metrics.get(f"{PREFIX}groups_with_signal_share")
+        if signal is not None:
+            self.steps_without_signal = self.steps_without_signal + 1 if signal == 0 else 0
+            if s.max_steps_without_signal is not None and self.steps_without_signal >= s.max_steps_without_signal:
+                raise TrainingGuardError(
+                    f"step {step}: the reward was the same for every rollout of every group for "
+                    f"{self.steps_without_signal} step(s) in a row: no learning signal "
+                    f"(rllm.guards.max_steps_without_signal={s.max_steps_without_signal})", step=step)
+        calls = metrics.get(f"{PREFIX}tool_calls_per_episode")
+        if calls is not None:
+            if calls > 0:
+                self.tools_were_used = True
+            elif self.tools_were_used and s.warn_on_tool_collapse:
+                warnings.append(f"step {step}: tool calls per episode fell to zero (they were above zero before)")
+        for warning in warnings:
+            logger.warning("training guard: %s", warning)
+        return warnings
+
+
+def summary_line(step: int, metrics: dict[str, Any]) -> str:
+    """One line of the guard metrics of a step, for the console."""
+    parts = []
+    for name in ("logprob_gap_max", "groups_with_signal_share", "min_group_size", "truncated_share",
+                 "tool_calls_per_episode"):
+        value = metrics.get(PREFIX + name)
+        if value is not None:
+            parts.append(f"{name}={value:.3g}")
+    return f"step {step} guards: " + ", ".join(parts)
