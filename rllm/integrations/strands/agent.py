@@ -131,6 +131,10 @@ class StrandsAgent(Agent):
             addition to ``rllm.errors.InfrastructureError`` (see ``ToolFailureHook``).
         **kwargs: Passed to ``Agent``.
 
+    A model call cancelled in flight (``agent.cancel()``) is recorded as a ``Step`` with stop reason
+    ``cancelled`` and nothing sampled (finish reason ``cancelled``), and ``termination_reason`` is
+    ``CANCELLED``.
+
     A tool raising an ``InfrastructureError`` ends the run after that tool round with
     ``termination_reason`` ``TOOL_BACKEND_ERROR``; a tool raising a ``ConfigurationError`` ends it
     likewise and the run then raises that error, so it is never scored as the policy's mistake.

@@ -37,6 +37,7 @@ class RLLMModel(Model):
     per-agent state, so one instance may be shared by any number of agents. A tool call the
     engine could not parse never runs, under any ``Agent``: the model registers a
     ``MalformedCallGuard`` on the invoking agent, and the model reads an error naming the problem.
+    Strands' ``cancel_signal`` aborts the engine's request in flight (see ``stream``).
     """
 
     class RLLMConfig(TypedDict, total=False):

@@ -176,3 +176,21 @@ async def test_an_unparseable_call_is_refused_and_recorded_without_the_validator
     tool_message = server.requests[1]["messages"][-1]
     assert tool_message["content"].startswith("Error: invalid arguments for tool 'add': arguments are not valid JSON")
     assert agent.trajectory.steps[0].tool_errors == [{"id": "bad", "name": "add", "error": tool_message["content"]}]
+
+
+async def test_a_cancelled_call_of_a_plain_strands_model_records_nothing_sampled(serve) -> None:
+    server = serve([ScriptedReply(content="a long answer", delay=1.0)])
+    model = OpenAIModel(client_args={"base_url": server.base_url, "api_key": "x"}, model_id="scripted")
+    agent = StrandsAgent(model)
+
+    run = asyncio.create_task(agent.invoke_async("hi"))
+    while not server.requests:
+        await asyncio.sleep(0.01)
+    agent.cancel()
+    result = await asyncio.wait_for(run, 30)
+
+    assert result.stop_reason == "cancelled"
+    [step] = agent.trajectory.steps
+    assert step.stop_reason == "cancelled"
+    assert step.model_output.text == "" and step.model_output.finish_reason == "cancelled"  # not Strands' placeholder
+    assert agent.termination_reason is TerminationReason.CANCELLED
