@@ -235,6 +235,8 @@ class _BodyTimeout(Exception):
 
 
 FastHandler = Callable[[bytes], Awaitable[bytes]]
+_TIMEOUT_AT: Callable[[float], Any] | None = getattr(asyncio, "timeout_at", None)
+"""``asyncio.timeout_at`` (Python 3.11+); on 3.10 a body read waits with ``asyncio.wait_for`` instead."""
 _JSON_HEADERS = [(b"content-type", b"application/json")]
 
 
@@ -305,10 +307,10 @@ class RetrievalApp:
             if body_done:  # after the body only a disconnect can come: no deadline for that wait
                 return await receive()
             try:
-                if sys.version_info >= (3, 11):
-                    async with asyncio.timeout_at(deadline):
+                if _TIMEOUT_AT is not None:
+                    async with _TIMEOUT_AT(deadline):
                         message = await receive()
-                else:  # Python 3.10 has no asyncio.timeout_at
+                else:
                     message = await asyncio.wait_for(receive(), max(0.0, deadline - asyncio.get_running_loop().time()))
             except (TimeoutError, asyncio.TimeoutError):
                 raise _BodyTimeout from None
