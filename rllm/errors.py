@@ -211,6 +211,26 @@ class StoreWriteError(InfrastructureError, RuntimeError):
     """Traces could not be written to the trace store after every retry (disk full, database locked)."""
 
 
+class ToolCallFormatError(RLLMError, ValueError):
+    """Base: the policy wrote a tool call that does not parse (its own doing: the model reads the error)."""
+
+
+class DuplicateKeyError(ToolCallFormatError):
+    """A JSON object that gives one key twice (JSON parsers would silently keep the last)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"gives the JSON key {key!r} twice")
+        self.key = key
+
+
+class DeclaredTypeError(ToolCallFormatError):
+    """Text that fits none of the JSON types its parameter declares."""
+
+
+class RolloutWithoutTokensError(RLLMError, RuntimeError):
+    """A token rollout stopped before its first model call: there is no trace to train on (never masked)."""
+
+
 def exception_chain(error: BaseException, *, implicit: bool = True) -> list[BaseException]:
     """``error`` and the exceptions behind it, outermost first, each once.
 

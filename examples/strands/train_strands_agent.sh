@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Train the Strands HotpotQA search agent with verl: RLOO, Qwen3-4B, 8 GPUs, fp16.
 #
-#   bash examples/strands/train_strands_agent.sh [--dry-run] [hydra overrides ...]
+#   bash examples/strands/train_strands_agent.sh [--dry-run] [--smoke] [--cpu] [hydra overrides ...]
 #   bash examples/strands/train_strands_agent.sh --help
+#
+# --smoke runs two real steps of the recipe on this machine (one GPU with the embedded rollout
+# backend, or the CPU with --cpu) before a cluster is rented; every step prints the training guards.
 #
 # Checks that the retrieval server answers at $RETRIEVAL_SERVER_URL (start it with
 # `bash rag/launch_rag.sh`) and accepts $RETRIEVAL_TOKEN on an authenticated POST /retrieve, then
@@ -22,7 +25,7 @@ usage() {
   local token_state="unset"
   [[ -n "${RETRIEVAL_TOKEN:-}" ]] && token_state="set"
   cat <<EOF
-Usage: bash examples/strands/train_strands_agent.sh [--dry-run] [hydra overrides ...]
+Usage: bash examples/strands/train_strands_agent.sh [--dry-run] [--smoke] [--cpu] [hydra overrides ...]
 
 Trains the Strands search agent on HotpotQA with verl (recipe:
 rllm/training/verl/config/strands_hotpotqa_rloo.yaml). Overrides use Hydra syntax, e.g.
@@ -34,11 +37,15 @@ Environment:
                         written into the recipe (rllm.agent_loop.tool_kwargs.retrieval_url)
   RETRIEVAL_TOKEN       the server's bearer token (now: $token_state); the same
                         variable rag/launch_rag.sh reads; passed to the rollout workers
+                        through Ray's runtime environment, never printed with the config
   HOTPOTQA_DIR          train/validation parquet (now: $HOTPOTQA_DIR); make: python scripts/prepare_hotpotqa.py
   PYTHON                interpreter (now: $PYTHON)
 
 Options:
   --dry-run   compose and validate the config, print it resolved, start nothing
+  --smoke     two real steps of the recipe on this machine: 2 prompts x 2 rollouts, the embedded
+              rollout backend (torch + transformers) on one GPU, guards printed every step
+  --cpu       run verl on the CPU (tests, laptops): fp32, FSDP2, gloo; never chosen by itself
   -h, --help  this text, then the resolved config (as --dry-run)
 
 Resolved config:

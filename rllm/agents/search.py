@@ -158,3 +158,22 @@ def scripted_search_reply(body: dict[str, Any]) -> Any:
         )
     answer = _baseline_answer(question, content_text(results[-1]["content"], " "))
     return ScriptedReply(content=f"Based on the passages, the answer is \\boxed{{{answer}}}.")
+
+
+def search_demonstration(question: str, answer: str, query: str | None = None) -> Any:
+    """A teacher for ``MessageScriptedEngine``: search once (``query``, default the question), then answer ``\\boxed{answer}``.
+
+    Demonstrations for a warm start through the rollouts' own runner and renderer: a policy
+    trained on them calls ``local_search`` and boxes an answer, so a short RL run on a tiny model
+    reaches the retrieval server and the reward (give some demonstrations a wrong ``answer`` for
+    a reward that varies within a group).
+    """
+
+    def script(messages: list[dict[str, Any]]) -> dict[str, Any]:
+        if not any(m.get("role") == "tool" for m in messages):
+            arguments = json.dumps({"query": query or question})
+            call = {"id": "call_0", "type": "function", "function": {"name": "local_search", "arguments": arguments}}
+            return {"content": "", "tool_calls": [call]}
+        return {"content": f"\\boxed{{{answer}}}"}
+
+    return script

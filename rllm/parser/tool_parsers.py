@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Protocol
 
-from rllm.parser.values import DeclaredTypeError, DuplicateKeyError, ToolSchemas, loads_strict, read_declared
+from rllm.errors import DeclaredTypeError, DuplicateKeyError
+from rllm.parser.values import ToolSchemas, loads_strict, read_declared
 from rllm.types import ToolCall
 
 logger = logging.getLogger(__name__)

@@ -14,6 +14,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rllm.errors import DeclaredTypeError, DuplicateKeyError
+
 logger = logging.getLogger(__name__)
 
 JSON_TYPES = ("null", "boolean", "integer", "number", "object", "array", "string")
@@ -22,18 +24,6 @@ JSON_TYPES = ("null", "boolean", "integer", "number", "object", "array", "string
 _NULLS = ("null", "None")  # JSON's, and what Qwen3-Coder's template writes for Python's None
 _BOOLEANS = {"true": True, "True": True, "false": False, "False": False}
 _MAX_DEPTH = 32  # nested $ref/anyOf levels followed before a schema counts as untyped
-
-
-class DuplicateKeyError(ValueError):
-    """A JSON object that gives one key twice (JSON parsers would silently keep the last)."""
-
-    def __init__(self, key: str) -> None:
-        super().__init__(f"gives the JSON key {key!r} twice")
-        self.key = key
-
-
-class DeclaredTypeError(ValueError):
-    """Text that fits none of the JSON types its parameter declares."""
 
 
 def _reject_constant(token: str) -> Any:

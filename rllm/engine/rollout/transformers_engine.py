@@ -442,6 +442,10 @@ class TransformersEngine(TokenEngine):
             logger.debug("aborting %d request(s)%s", len(hit), "" if request_id is None else f" of {request_id}")
         return len(hit)
 
+    async def sample(self, prompt_ids: list[int], max_new_tokens: int, **sampling: Any) -> TokenOutput:
+        """Sample after raw ``prompt_ids`` with no session or template: what a token server's ``generate`` serves."""
+        return await self._generate(list(prompt_ids), max_new_tokens, sampling, TokenSession())
+
     def _serve(self) -> None:
         """The worker: admit newcomers, decode one step, until no request is left."""
         batch: _Batch | None = None

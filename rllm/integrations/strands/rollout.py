@@ -19,6 +19,7 @@ from typing import Any
 from strands.models.model import Model
 
 from rllm.engine.rollout.base import RolloutEngine
+from rllm.errors import RolloutWithoutTokensError
 from rllm.integrations.strands.agent import StrandsAgent
 from rllm.integrations.strands.hooks import Budget
 from rllm.integrations.strands.model import RLLMModel
@@ -103,10 +104,6 @@ def trajectory_metrics(trajectory: Trajectory) -> dict[str, float]:
         "prompt_tokens": float(sum(step.model_output.usage.get("prompt_tokens", 0) for step in steps)),
         "completion_tokens": float(sum(step.model_output.usage.get("completion_tokens", 0) for step in steps)),
     }
-
-class RolloutWithoutTokensError(RuntimeError):
-    """A token rollout stopped before its first model call: there is no trace to train on."""
-
 
 @dataclass(frozen=True)
 class FinishedRollout:

@@ -22,7 +22,6 @@ the adapter in verl's private ``_ROLLOUT_REGISTRY`` (no public way exists; a tes
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
 import math
@@ -34,11 +33,9 @@ import ray
 import torch
 
 from rllm.errors import WeightSyncError
+from rllm.training.verl.plugin import BACKEND_NAME
 
 logger = logging.getLogger(__name__)
-
-BACKEND_NAME = "rllm_embedded"
-"""``actor_rollout_ref.rollout.name`` of this backend."""
 
 _BUCKET_BYTES = 512 << 20
 """Weights sent to the server per Ray call: bounds the copies held at once."""
@@ -131,7 +128,7 @@ class EmbeddedRolloutServer:
         self.last_sync: dict[str, Any] = {}
         self._received: set[str] = set()
         self._parameter_names = self._own_parameter_names()
-        self._inflight: dict[str, asyncio.Task[Any]] = {}
+        self._inflight = 0
         self._rejecting = False
         self._asleep = False
         logger.info("embedded rollout server %d: %s on %s in %s", replica_rank, path, self.device, self.dtype)
@@ -155,8 +152,10 @@ class EmbeddedRolloutServer:
         if image_data is not None or video_data is not None:
             raise ValueError("the embedded rollout backend serves text-only policies")
         extra = {"global_steps": self.weights_version}
-        if self._rejecting or self._asleep:
+        if self._rejecting:
             return TokenOutput(token_ids=[], log_probs=None, stop_reason="aborted", extra_fields=extra)
+        if self._asleep:  # a request between sleep and the next sync (validation, say): serve it, weights back on
+            await self.wake_up()
         room = self.engine.context_length - len(prompt_ids)
         max_tokens = int(sampling_params.get("max_tokens") or room)
         sampling = {"temperature": float(sampling_params.get("temperature", 1.0)),
@@ -164,26 +163,20 @@ class EmbeddedRolloutServer:
                     "top_k": max(int(sampling_params.get("top_k", 0) or 0), 0)}
         if sampling_params.get("seed") is not None:
             sampling["seed"] = int(sampling_params["seed"])
-        task = asyncio.ensure_future(self.engine.sample(prompt_ids, min(max_tokens, room), **sampling))
-        self._inflight[request_id] = task
+        self._inflight += 1
         try:
-            output = await task
-        except asyncio.CancelledError:
-            if not task.cancelled():  # this coroutine itself was cancelled, not the request by an abort
-                task.cancel()
-                raise
-            return TokenOutput(token_ids=[], log_probs=None, stop_reason="aborted", extra_fields=extra)
+            output = await self.engine.sample(prompt_ids, min(max_tokens, room), **sampling)
         finally:
-            self._inflight.pop(request_id, None)
+            self._inflight -= 1
+        stop = "aborted" if output.finish_reason == "abort" else "completed"
         log_probs = list(output.logprobs or []) if sampling_params.get("logprobs") else None
-        return TokenOutput(token_ids=list(output.token_ids), log_probs=log_probs, stop_reason="completed",
-                           num_preempted=0, extra_fields=extra)
+        return TokenOutput(token_ids=list(output.token_ids), log_probs=log_probs, stop_reason=stop, num_preempted=0,
+                           extra_fields=extra)
 
     async def abort_all_requests(self, reject_request: bool = False) -> None:
-        """Cancel every request in flight (their sequences leave the engine's batch); optionally refuse new ones."""
+        """Abort every request in flight (each leaves the engine's batch with what it sampled); optionally refuse new ones."""
         self._rejecting = bool(reject_request)
-        for task in list(self._inflight.values()):
-            task.cancel()
+        self.engine.abort()
 
     async def resume_generation(self) -> None:
         """Accept requests again after ``abort_all_requests(reject_request=True)``."""
@@ -191,7 +184,7 @@ class EmbeddedRolloutServer:
 
     async def num_inflight(self) -> int:
         """Requests being served now."""
-        return len(self._inflight)
+        return self._inflight
 
     # ---------------------------------------------------------------- memory
     async def sleep(self) -> None:

@@ -25,6 +25,7 @@ from rllm.training.verl.guards import (
     step_metrics,
     summary_line,
 )
+from rllm.training.verl.plugin import BACKEND_NAME
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +84,25 @@ def read_step(batch: Any) -> StepRollouts:
                         actor_logprobs=kept(actor_lp), truncated=kept(truncated), tool_calls=kept(tool_calls))
 
 
+def weight_sync_metrics() -> dict[str, float]:
+    """The embedded servers' last syncs: whether every one serves the actor's weights, and their oldest version."""
+    from rllm.training.verl.embedded_rollout import checksum_matches, server_name
+
+    reports: list[dict[str, Any]] = []
+    while True:
+        try:
+            server = ray.get_actor(server_name(len(reports)))
+        except ValueError:
+            break
+        reports.append(ray.get(server.sync_report.remote()))
+    if not reports:
+        return {}
+    versions = [r.get("global_steps") for r in reports]
+    return {"rllm/weights/checksum_match": min(checksum_matches(r) for r in reports),
+            "rllm/weights/version": float(min(v for v in versions if v is not None)) if None not in versions else -1.0,
+            "rllm/weights/replicas": float(len(reports))}
+
+
 def guarded_trainer_class(base: type) -> type:
     """``base`` (a verl v1 trainer) whose every step adds the guard metrics and stops on a violated guard."""
 
@@ -95,8 +115,9 @@ def guarded_trainer_class(base: type) -> type:
                 block = OmegaConf.select(self.config, GUARDS_KEY, default=None)
                 values = OmegaConf.to_container(block, resolve=True) if block is not None else {}
                 self._rllm_guards = TrainingGuards(GuardSettings.from_mapping(values))  # type: ignore[arg-type]
-            guard_metrics = step_metrics(read_step(batch))
-            metrics.update(guard_metrics)
+            metrics.update(step_metrics(read_step(batch)))
+            if OmegaConf.select(self.config, "actor_rollout_ref.rollout.name") == BACKEND_NAME:
+                metrics.update(weight_sync_metrics())
             logger.info(summary_line(global_steps, metrics))
             print(summary_line(global_steps, metrics), flush=True)  # noqa: T201 - the console a user watches
             self._rllm_guards.check(global_steps, metrics)

@@ -36,7 +36,11 @@ ADDED_KEYS = {
     "actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype": "FSDP engine _build_fsdp_module",
     "reward.custom_reward_function.reward_kwargs.scorer": "rllm.training.verl.reward.compute_score",
     "reward.custom_reward_function.reward_kwargs.partial_credit": "rllm.agents.search.score_search_answer",
-    "ray_kwargs.ray_init.runtime_env.env_vars.RETRIEVAL_TOKEN": "ray.init runtime_env (agent-loop tool)",
+    "rllm.guards.max_logprob_gap": "rllm.training.verl.guards.GuardSettings (GuardedTaskRunner)",
+    "rllm.guards.min_rollouts_per_group": "rllm.training.verl.guards.GuardSettings, check_launch",
+    "rllm.guards.max_truncated_share": "rllm.training.verl.guards.GuardSettings",
+    "rllm.guards.max_steps_without_signal": "rllm.training.verl.guards.GuardSettings",
+    "rllm.guards.warn_on_tool_collapse": "rllm.training.verl.guards.GuardSettings",
     "rllm.max_infra_failure_share": "rllm.training.verl.manager.StrandsAgentLoopManager",
     "rllm.agent_loop.tool_factory": "rllm.training.verl.agent_loop.loop_settings",
     "rllm.agent_loop.tool_kwargs.retrieval_url": "rllm.training.verl.agent_loop.loop_settings",
@@ -171,10 +175,25 @@ def test_launcher_refuses_to_start_without_a_healthy_retrieval_server() -> None:
     assert "rag/launch_rag.sh" in result.stderr
 
 
-def test_recipe_passes_the_retrieval_token_to_the_workers_and_installs_the_stopping_manager(monkeypatch) -> None:
-    monkeypatch.setenv("RETRIEVAL_TOKEN", "s3cret")
+def test_the_retrieval_token_reaches_the_workers_but_never_the_config_verl_prints(monkeypatch) -> None:
+    """verl prints the resolved config and hands it to every tracker: the token travels in Ray's runtime env only."""
+    from rllm.training.verl.train import ray_init_kwargs
+
+    monkeypatch.setenv("RETRIEVAL_TOKEN", "sekrit-123")
     config = prepare_config(compose())
-    assert config.ray_kwargs.ray_init.runtime_env.env_vars.RETRIEVAL_TOKEN == "s3cret"
+    validate(config)
+    assert "sekrit-123" not in OmegaConf.to_yaml(config, resolve=True)  # what verl prints and tracks
+    kwargs = ray_init_kwargs(config, os.environ["RETRIEVAL_TOKEN"])
+    assert kwargs["runtime_env"]["env_vars"]["RETRIEVAL_TOKEN"] == "sekrit-123"  # what every Ray worker gets
+    assert kwargs["runtime_env"]["env_vars"]["TOKENIZERS_PARALLELISM"]  # verl's own runtime env is kept
+    assert "RETRIEVAL_TOKEN" not in ray_init_kwargs(config, None)["runtime_env"]["env_vars"]
+    leaked = prepare_config(compose("+ray_kwargs.ray_init.runtime_env.env_vars.RETRIEVAL_TOKEN=sekrit-123"))
+    with pytest.raises(ValueError, match="would print the retrieval token"):
+        ray_init_kwargs(leaked, None)
+
+
+def test_the_recipe_installs_the_stopping_manager() -> None:
+    config = prepare_config(compose())
     rollout = omega_conf_to_dataclass(config.actor_rollout_ref.rollout)
     assert rollout.agent.agent_loop_manager_class == "rllm.training.verl.manager.StrandsAgentLoopManager"
     assert config.rllm.max_infra_failure_share == 0.5
@@ -183,16 +202,50 @@ def test_recipe_passes_the_retrieval_token_to_the_workers_and_installs_the_stopp
     from rllm.training.verl.manager import StrandsAgentLoopManager
 
     assert load_class_from_fqn(rollout.agent.agent_loop_manager_class, "AgentLoopManager") is StrandsAgentLoopManager
-    monkeypatch.delenv("RETRIEVAL_TOKEN")
-    assert prepare_config(compose()).ray_kwargs.ray_init.runtime_env.env_vars.RETRIEVAL_TOKEN == ""
 
 
 def test_launcher_dry_run_never_prints_the_token() -> None:
     result = _launch("--dry-run", RETRIEVAL_TOKEN="s3cret-token-value")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "s3cret-token-value" not in result.stdout + result.stderr
-    env_vars = yaml.safe_load(result.stdout)["ray_kwargs"]["ray_init"]["runtime_env"]["env_vars"]
-    assert env_vars["RETRIEVAL_TOKEN"] == "***"
+    assert "RETRIEVAL_TOKEN" not in yaml.safe_load(result.stdout).get("ray_kwargs", {}).get("ray_init", {}).get(
+        "runtime_env", {}).get("env_vars", {})
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("actor_rollout_ref.rollout.n=1", r"rollout.n=1: RLOO's baseline .* at least 2 rollouts per prompt"),
+    ("trainer.use_v1=false", "v1 trainer only"),
+    ("+rllm.guards.max_gap=1", r"unknown keys \['rllm.guards.max_gap'\]"),
+])
+def test_what_would_not_be_real_training_is_refused_at_launch(override: str, message: str) -> None:
+    from rllm.training.verl.train import check_launch
+
+    with pytest.raises(ValueError, match=message):
+        check_launch(prepare_config(compose(override)))
+
+
+def test_the_cpu_mode_refuses_half_precision_at_launch(monkeypatch) -> None:
+    from rllm.training.verl.cpu import CPU_OVERRIDES
+    from rllm.training.verl.train import check_launch
+
+    monkeypatch.setenv("RLLM_VERL_CPU", "1")
+    check_launch(prepare_config(compose(*CPU_OVERRIDES)))
+    for half in ("actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp16",
+                 "actor_rollout_ref.rollout.dtype=float16"):
+        with pytest.raises(ValueError, match="half precision does not train on CPU"):
+            check_launch(prepare_config(compose(*CPU_OVERRIDES, half)))
+    monkeypatch.delenv("RLLM_VERL_CPU")
+    check_launch(prepare_config(compose()))  # the recipe's own fp16 stands on a GPU
+
+
+def test_smoke_and_cpu_flags_compose_the_recipe_for_two_steps_on_this_machine() -> None:
+    result = _launch("--dry-run", "--smoke", "--cpu")
+    assert result.returncode == 0, result.stderr[-2000:]
+    config = yaml.safe_load(result.stdout)
+    assert config["trainer"]["total_training_steps"] == 2 and config["trainer"]["n_gpus_per_node"] == 1
+    rollout = config["actor_rollout_ref"]["rollout"]
+    assert rollout["name"] == "rllm_embedded" and rollout["n"] == 2 and rollout["dtype"] == "float32"
+    assert config["actor_rollout_ref"]["actor"]["strategy"] == "fsdp2"
 
 
 def test_launcher_refuses_a_retrieval_server_that_rejects_the_token(tmp_path_factory) -> None:
@@ -269,5 +322,5 @@ def test_the_recipes_and_the_launch_script_are_package_data() -> None:
     pyproject = (REPO / "pyproject.toml").read_text()
     assert '"rllm.training.verl" = ["config/*.yaml"]' in pyproject and '"rag" = ["launch_rag.sh"]' in pyproject
     assert CONFIG_DIR == Path(str(importlib.resources.files("rllm.training.verl") / "config"))
-    assert {p.name for p in CONFIG_DIR.glob("*.yaml")} == {"agent_loops.yaml", f"{CONFIG_NAME}.yaml"}
+    assert {p.name for p in CONFIG_DIR.glob("*.yaml")} == {"agent_loops.yaml", f"{CONFIG_NAME}.yaml", "lookup_rloo.yaml"}
     assert (importlib.resources.files("rag") / "launch_rag.sh").is_file()
