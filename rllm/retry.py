@@ -46,10 +46,16 @@ def backoff_retrying(
             "%s: attempt %d failed (%s), retrying",
             url,
             state.attempt_number,
-            describe(state.outcome.exception()) if state.outcome else "?",
+            _describe_outcome(state, describe),
         ),
         reraise=True,
     )
+
+
+def _describe_outcome(state: RetryCallState, describe: Callable[[BaseException], str]) -> str:
+    """The failure of the attempt that just ended, described, or ``"?"`` when there is none."""
+    error = state.outcome.exception() if state.outcome else None
+    return describe(error) if error is not None else "?"
 
 
 class PerLoop(Generic[T]):

@@ -262,8 +262,8 @@ class ScriptedOpenAIServer:
         """OpenAI ``choices[0].logprobs`` when the request asked for them, else ``None``."""
         if not body.get("logprobs"):
             return None
-        entries = [{"token": f"t{i}", "logprob": lp, "bytes": None, "top_logprobs": []}
-                   for i, lp in enumerate(reply.logprobs or [])]
+        entries: list[dict[str, Any]] = [{"token": f"t{i}", "logprob": lp, "bytes": None, "top_logprobs": []}
+                                         for i, lp in enumerate(reply.logprobs or [])]
         return {"content": entries}
 
     def _completion(self, body: dict[str, Any], reply: ScriptedReply) -> dict[str, Any]:

@@ -127,7 +127,10 @@ def _make_hook(work_dir: str, read_roots: list[str], allow_network: bool):  # no
             # A custom os.PathLike could answer differently when the OS asks again after this check.
             raise denied(f"python_exec accepts only str, bytes or pathlib paths ({event}), "
                          f"not {exact_type(path).__name__}")
-        resolved = resolve(fsdecode(path))
+        # Its exact type is one of plain_path_types, checked without isinstance (which the hook may not
+        # look up), so mypy cannot see the narrowing.
+        name = fsdecode(path)  # type: ignore[arg-type]
+        resolved = resolve(name)
         if inside(resolved, root):
             return
         if not write:
@@ -135,7 +138,7 @@ def _make_hook(work_dir: str, read_roots: list[str], allow_network: bool):  # no
                 if inside(resolved, base):
                     return
         verb = "write to" if write else "read"
-        raise denied(f"python_exec may not {verb} {fsdecode(path)!r} ({event}): "
+        raise denied(f"python_exec may not {verb} {name!r} ({event}): "
                      f"only the work directory {root} is accessible")
 
     def hook(event: str, args: tuple) -> None:

@@ -75,7 +75,8 @@ async def resolve_public(host: str, port: int, allowed: Sequence[IPNetwork] = ()
         addresses = [ipaddress.ip_address(host.strip("[]"))]
     except ValueError:
         infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        addresses = list(dict.fromkeys(ipaddress.ip_address(info[4][0].split("%", 1)[0]) for info in infos))
+        # sockaddr[0] is the address text for AF_INET/AF_INET6 (typeshed also allows an int for other families)
+        addresses = list(dict.fromkeys(ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]) for info in infos))
     if not addresses:
         raise OSError(f"{host} has no address")
     for address in addresses:

@@ -205,15 +205,16 @@ async def run_python(
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         cwd=str(work_dir), env=_minimal_env(work_dir), start_new_session=True,
     )
-    assert process.stdin is not None and process.stdout is not None and process.stderr is not None
+    stdin, stdout, stderr = process.stdin, process.stdout, process.stderr
+    assert stdin is not None and stdout is not None and stderr is not None
 
     async def communicate() -> tuple[tuple[bytes, int], tuple[bytes, int]]:
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            process.stdin.write(code.encode("utf-8"))
-            await process.stdin.drain()
-            process.stdin.close()
-        out, err = await asyncio.gather(_read_capped(process.stdout, max_output_bytes),
-                                        _read_capped(process.stderr, max_output_bytes))
+            stdin.write(code.encode("utf-8"))
+            await stdin.drain()
+            stdin.close()
+        out, err = await asyncio.gather(_read_capped(stdout, max_output_bytes),
+                                        _read_capped(stderr, max_output_bytes))
         await process.wait()
         return out, err
 

@@ -81,7 +81,7 @@ class TraceCapture(CustomLogger):
             return data
         session_id = _header(data, SESSION_HEADER)
         no_session = session_id is None
-        if no_session:
+        if session_id is None:
             logger.warning("request without an %s header: stored under session %r", SESSION_HEADER, NO_SESSION)
             session_id = NO_SESSION
         elif not is_valid_session_id(session_id):

@@ -10,7 +10,8 @@ URL, the headers or the body. Pass one as ``client=`` to Strands' ``OpenAIModel`
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import httpx
 import openai
@@ -39,7 +40,17 @@ async def _atag(request: httpx.Request) -> None:
     _tag(request)
 
 
-def _with_hook(client: httpx.Client | httpx.AsyncClient, hook: Any) -> None:
+class _HookedClient(Protocol):
+    """An httpx client, or openai's default one (httpx2 in newer openai): request hooks to read and set."""
+
+    @property
+    def event_hooks(self) -> dict[str, list[Callable[..., Any]]]: ...
+
+    @event_hooks.setter
+    def event_hooks(self, event_hooks: dict[str, list[Callable[..., Any]]]) -> None: ...
+
+
+def _with_hook(client: _HookedClient, hook: Callable[..., Any]) -> None:
     hooks = client.event_hooks
     hooks["request"] = [*hooks.get("request", []), hook]
     client.event_hooks = hooks
@@ -55,14 +66,23 @@ def get_chat_client_async(base_url: str, api_key: str | None = None, *,
         http_client: Your own httpx client; the tagging hook is added to its request hooks.
         **kwargs: Passed to ``openai.AsyncOpenAI`` (``max_retries``, ``timeout``...).
     """
-    http_client = http_client if http_client is not None else openai.DefaultAsyncHttpxClient()
+    if http_client is None:
+        default = openai.DefaultAsyncHttpxClient()
+        _with_hook(default, _atag)
+        return openai.AsyncOpenAI(base_url=base_url, api_key=api_key or "EMPTY", http_client=default, **kwargs)
     _with_hook(http_client, _atag)
-    return openai.AsyncOpenAI(base_url=base_url, api_key=api_key or "EMPTY", http_client=http_client, **kwargs)
+    # Newer openai types http_client as its httpx2 client but takes an httpx one too (a "legacy" client).
+    return openai.AsyncOpenAI(base_url=base_url, api_key=api_key or "EMPTY",
+                              http_client=http_client, **kwargs)  # type: ignore[arg-type]
 
 
 def get_chat_client(base_url: str, api_key: str | None = None, *,
                     http_client: httpx.Client | None = None, **kwargs: Any) -> openai.OpenAI:
     """The synchronous twin of ``get_chat_client_async``."""
-    http_client = http_client if http_client is not None else openai.DefaultHttpxClient()
+    if http_client is None:
+        default = openai.DefaultHttpxClient()
+        _with_hook(default, _tag)
+        return openai.OpenAI(base_url=base_url, api_key=api_key or "EMPTY", http_client=default, **kwargs)
     _with_hook(http_client, _tag)
-    return openai.OpenAI(base_url=base_url, api_key=api_key or "EMPTY", http_client=http_client, **kwargs)
+    return openai.OpenAI(base_url=base_url, api_key=api_key or "EMPTY",
+                         http_client=http_client, **kwargs)  # type: ignore[arg-type]

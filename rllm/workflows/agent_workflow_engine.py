@@ -443,9 +443,9 @@ class AgentWorkflowEngine:
         if run in done:
             if run.cancelled():
                 return self._failed(workflow, job, TerminationReason.CANCELLED, "the run was cancelled"), True
-            error = run.exception()
-            if error is not None:
-                return self._failed(workflow, job, termination_reason_for(error), error), True
+            failure = run.exception()
+            if failure is not None:
+                return self._failed(workflow, job, termination_reason_for(failure), failure), True
             episode = run.result()
             if not isinstance(episode, Episode):
                 message = f"{type(workflow).__name__}.run returned {type(episode).__name__}, not an Episode"

@@ -220,7 +220,7 @@ class ToolFailureHook(HookProvider):
     """
 
     def __init__(self, infra_exceptions: tuple[type[BaseException], ...] = ()) -> None:
-        self.infra_exceptions = (InfrastructureError, *infra_exceptions)
+        self.infra_exceptions: tuple[type[BaseException], ...] = (InfrastructureError, *infra_exceptions)
         self.reset()
 
     def reset(self) -> None:

@@ -38,7 +38,8 @@ class NonStreamingOpenAIModel(OpenAIModel):
     """An ``OpenAIModel`` whose requests always carry ``stream: false``."""
 
     def __init__(self, *args: Any, **model_config: Unpack[OpenAIModel.OpenAIConfig]) -> None:
-        super().__init__(*args, **{**model_config, "stream": False})
+        model_config["stream"] = False
+        super().__init__(*args, **model_config)
         self._guard = MalformedCallGuard()
 
     @override
