@@ -197,20 +197,28 @@ def activate() -> None:
     logger.debug("verl CPU mode: platform 'cpu' registered, gloo-only process group")
 
 
-_HALF = {"fp16", "float16", "half", "bf16", "bfloat16"}
+_FP16 = {"fp16", "float16", "half"}
 
 
 def check_precision(config: Any) -> None:
-    """Refuse half precision in a CPU run, naming the keys: it would train on inf and NaN, never learn.
+    """Refuse fp16 in a CPU run, naming the keys: its entropy metric overflows to inf and nothing skips a NaN step.
 
-    Raises ``ValueError`` when the actor's mixed-precision ``param_dtype`` or the rollout's
-    ``dtype`` is fp16 or bf16.
+    Under CPU autocast (unlike CUDA's) softmax, log_softmax and sum run in the input's dtype, so verl's
+    per-token log-probs and entropies stay fp16, and the trainer's token-mean of the entropies sums
+    them in fp16: past 65504 (about 7,300 tokens at the entropy of a random 8k-vocabulary model) it is
+    inf. verl's ``ShardedGradScaler`` defaults to ``device="cuda"`` and turns itself off without CUDA,
+    so there is no loss scaling and no skipping of inf/NaN gradients. bf16 has fp32's range: it
+    trains on CPU (its log-probs are coarser). Raises ``ValueError`` when the actor's mixed-precision
+    ``param_dtype`` or the rollout's ``dtype`` is fp16.
     """
     from omegaconf import OmegaConf
 
     keys = ("actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype", "actor_rollout_ref.rollout.dtype")
-    half = {key: value for key in keys if str(value := OmegaConf.select(config, key, default="")).lower() in _HALF}
-    if half:
-        settings = ", ".join(f"{k}={v}" for k, v in half.items())
-        raise ValueError(f"{settings}: half precision does not train on CPU (the CPU mode's fp16 gives an infinite "
-                         "entropy and a NaN loss); run it on a GPU, or set these to fp32 / float32 for a CPU run")
+    fp16 = {key: value for key in keys if str(value := OmegaConf.select(config, key, default="")).lower() in _FP16}
+    if fp16:
+        settings = ", ".join(f"{k}={v}" for k, v in fp16.items())
+        raise ValueError(f"{settings}: fp16 half precision does not train on CPU: CPU autocast, unlike CUDA's, leaves "
+                         "softmax and sum in fp16, so verl's per-token entropies stay fp16 and their sum over a step "
+                         "overflows to inf, and verl's ShardedGradScaler turns itself off without CUDA (no loss "
+                         "scaling, no skipping of inf/NaN gradients); run fp16 on a GPU, or set these to fp32 / "
+                         "float32 or bf16 / bfloat16 for a CPU run")
