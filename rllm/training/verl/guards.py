@@ -37,7 +37,11 @@ GUARDS_KEY = "rllm.guards"
 PREFIX = "rllm/guard/"
 """Prefix of the guard metrics in verl's logged metrics."""
 
-_FINITE_METRICS = ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/pg_loss/mean")
+_FINITE_METRICS = ("actor/loss", "actor/pg_loss", "actor/entropy_loss", "actor/kl_loss", "actor/grad_norm",
+                   "actor/entropy")
+"""What verl 0.9.1's v1 trainer logs for the update: ``actor/loss`` is the loss it backpropagates (``pg_loss``
+minus ``entropy_coeff * entropy_loss`` plus ``kl_loss_coef * kl_loss``; the last two only when computed), and
+``actor/entropy`` the token-mean entropy of the step's responses."""
 
 
 @dataclass(frozen=True)
