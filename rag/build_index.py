@@ -177,8 +177,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _build(args: argparse.Namespace) -> None:
     if args.corpus and not Path(args.corpus).is_file():
-        raise SetupError(f"corpus {args.corpus} does not exist (write it first, e.g. python scripts/prepare_hotpotqa.py "
-                         f"--out-dir data/hotpotqa, or use --demo)")
+        raise SetupError(f"corpus {args.corpus} does not exist (write it first, e.g. "
+                         f"python scripts/prepare_hotpotqa.py --out-dir data/hotpotqa, or use --demo)")
     if args.demo:
         build_demo_index(args.out, limit=args.limit)
         return

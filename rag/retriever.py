@@ -113,7 +113,8 @@ class Retriever:
         if workers == "auto":
             workers = default_workers(encoder_device)
         encoder = Encoder.from_manifest(manifest, index_dir, device=encoder_device, fp16=options.fp16, threads=threads,
-                                        query_batch_size=None if isinstance(query_batch_size, str) else query_batch_size,
+                                        query_batch_size=(None if isinstance(query_batch_size, str)
+                                                          else query_batch_size),
                                         replicas=workers, trace=trace_encoder)
         if query_batch_size == "auto" and encoder.device == "cpu":
             encoder.query_batch_size = CPU_QUERY_BATCH_SIZE if encoder.traced else CPU_QUERY_BATCH_SIZE_EAGER

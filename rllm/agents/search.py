@@ -100,7 +100,9 @@ def search_workflow_args(
 DATA_SOURCE = "hotpotqa"
 
 
-def search_verl_rows(tasks: Iterable[dict[str, Any]], split: str, *, agent_name: str = AGENT_NAME) -> list[dict[str, Any]]:
+def search_verl_rows(
+    tasks: Iterable[dict[str, Any]], split: str, *, agent_name: str = AGENT_NAME
+) -> list[dict[str, Any]]:
     """Verl rows for HotpotQA ``tasks`` with the search agent's system prompt and question format."""
     return [
         verl_row(index=index, split=split, system_prompt=SEARCH_SYSTEM_PROMPT, question=format_question(task),
@@ -112,7 +114,10 @@ def search_verl_rows(tasks: Iterable[dict[str, Any]], split: str, *, agent_name:
 
 
 def score_search_answer(task: dict[str, Any], final_answer: str, *, partial_credit: bool = False) -> dict[str, float]:
-    """Verl's numbers for one final answer: ``score`` (the reward), ``correct``, ``f1`` and ``boxed`` (an answer found)."""
+    """Verl's numbers for one final answer.
+
+    ``score`` (the reward), ``correct``, ``f1`` and ``boxed`` (an answer found).
+    """
     result = RewardSearchFn(partial_credit=partial_credit)(task, final_answer)
     return {
         "score": float(result.reward),
@@ -161,12 +166,12 @@ def scripted_search_reply(body: dict[str, Any]) -> Any:
 
 
 def search_demonstration(question: str, answer: str, query: str | None = None) -> Any:
-    """A teacher for ``MessageScriptedEngine``: search once (``query``, default the question), then answer ``\\boxed{answer}``.
+    r"""A teacher for ``MessageScriptedEngine``: search once, then answer ``\boxed{answer}``.
 
-    Demonstrations for a warm start through the rollouts' own runner and renderer: a policy
-    trained on them calls ``local_search`` and boxes an answer, so a short RL run on a tiny model
-    reaches the retrieval server and the reward (give some demonstrations a wrong ``answer`` for
-    a reward that varies within a group).
+    The search is for ``query`` (default the question). Demonstrations for a warm start through the
+    rollouts' own runner and renderer: a policy trained on them calls ``local_search`` and boxes an
+    answer, so a short RL run on a tiny model reaches the retrieval server and the reward (give some
+    demonstrations a wrong ``answer`` for a reward that varies within a group).
     """
 
     def script(messages: list[dict[str, Any]]) -> dict[str, Any]:

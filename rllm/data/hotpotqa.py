@@ -17,7 +17,8 @@ SHIPPED_HOTPOTQA = Path(__file__).parent / "hotpotqa" / "dev_sample100.jsonl"
 def _rows(path: str | Path) -> Iterator[dict[str, Any]]:
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"HotpotQA file not found: {path} (run scripts/prepare_hotpotqa.py, or omit the path to use the shipped sample)")
+        raise FileNotFoundError(f"HotpotQA file not found: {path} (run scripts/prepare_hotpotqa.py, "
+                                "or omit the path to use the shipped sample)")
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if line.strip():
@@ -32,7 +33,7 @@ def load_hotpotqa(path: str | Path | None = None, limit: int | None = None) -> l
 
     ``path`` defaults to the shipped sample; ``limit`` keeps the first N tasks.
     """
-    tasks = []
+    tasks: list[dict[str, Any]] = []
     for row in _rows(path or SHIPPED_HOTPOTQA):
         if limit is not None and len(tasks) >= limit:
             break
@@ -53,7 +54,7 @@ def load_hotpotqa(path: str | Path | None = None, limit: int | None = None) -> l
 def hotpotqa_paragraphs(path: str | Path | None = None) -> list[dict[str, str]]:
     """Distinct context paragraphs as ``{id, title, text}``, in first-seen order (the demo corpus)."""
     seen: dict[tuple[str, str], None] = {}
-    out = []
+    out: list[dict[str, str]] = []
     for row in _rows(path or SHIPPED_HOTPOTQA):
         for title, sentences in row.get("context", []):
             text = "".join(sentences).strip()

@@ -1,1 +1,4 @@
-"""Evaluation: the command-line runs of the search and GAIA agents and their reports (pass@k, per-level tables, charts)."""
+"""Evaluation: the command-line runs of the search and GAIA agents and their reports.
+
+The reports give pass@k, per-level tables and charts.
+"""

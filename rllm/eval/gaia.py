@@ -1,4 +1,4 @@
-"""Evaluate the GAIA agent (``rllm.agents.gaia``) through ``AgentWorkflowEngine``: run, score, report.
+r"""Evaluate the GAIA agent (``rllm.agents.gaia``) through ``AgentWorkflowEngine``: run, score, report.
 
 Each task runs in its own work directory holding a copy of its attachment, whose path is in the
 prompt; the agent has a calculator, an HTTP tool (public addresses only), a file reader and a
@@ -17,7 +17,7 @@ logprobs), ``--model PATH_OR_HUB_NAME`` (a local model run in process) or ``--sc
 
     # the real benchmark, against any OpenAI-compatible endpoint
     python scripts/prepare_gaia.py --data-dir data/gaia            # needs an HF token with GAIA access
-    python examples/strands/eval_gaia.py --data-dir data/gaia --base-url http://127.0.0.1:30000/v1 \\
+    python examples/strands/eval_gaia.py --data-dir data/gaia --base-url http://127.0.0.1:30000/v1 \
         --model Qwen/Qwen3-8B --level 1 --limit 20 --n-parallel 8 --out runs/gaia
 
     # offline: a scripted model on the demo tasks shipped in the package (rllm/data/gaia_demo)
@@ -56,7 +56,9 @@ def build_report(episodes: list[Episode], tasks: list[dict[str, Any]], meta: dic
     """Accuracy per level and overall (infrastructure failures and hidden answers left out), and per-task rows."""
     levels = {str(level): _level_row() for level in GAIA_LEVELS}
     overall = _level_row()
-    rows, failures, reasons = [], [], {}
+    rows: list[dict[str, Any]] = []
+    failures: list[dict[str, Any]] = []
+    reasons: dict[str, int] = {}
     for task, episode in zip(tasks, episodes, strict=True):
         reward_info = episode.info.get("reward") or {}
         infra = episode.termination_reason.is_infrastructure_failure

@@ -3,7 +3,8 @@
 Starts the embedded retrieval server (MiniLM + FAISS over the shipped HotpotQA paragraphs, built
 once), runs the search agent through ``AgentWorkflowEngine`` on the first questions of the shipped
 HotpotQA sample, prints the accuracy, one trajectory and where the episodes are, and stops the
-server. Run it through ``bash scripts/quickstart.sh`` (``examples/strands/quickstart_search.py``), which picks the interpreter.
+server. Run it through ``bash scripts/quickstart.sh`` (``examples/strands/quickstart_search.py``),
+which picks the interpreter.
 
     bash scripts/quickstart.sh                              # Qwen/Qwen3-0.6B, run locally (fetched once)
     bash scripts/quickstart.sh --model /path/to/model       # any local Hugging Face model directory

@@ -1,7 +1,7 @@
-"""Evaluate the Strands HotpotQA search agent through ``AgentWorkflowEngine``.
+r"""Evaluate the Strands HotpotQA search agent through ``AgentWorkflowEngine``.
 
 A Strands agent with the ``local_search`` retrieval tool answers HotpotQA questions in
-``\\boxed{}``; every (question, rollout) runs concurrently, episodes stream to JSONL (a rerun
+``\boxed{}``; every (question, rollout) runs concurrently, episodes stream to JSONL (a rerun
 resumes), and the report gives exact match, F1, pass@k, mean turns and tool calls, and the
 termination reasons (infrastructure failures apart, never scored as wrong).
 

@@ -1,6 +1,6 @@
-"""Reading tool-call argument values: strict JSON, and text by the JSON type the tool declares.
+r"""Reading tool-call argument values: strict JSON, and text by the JSON type the tool declares.
 
-Qwen3-Coder writes every argument as bare text (``<parameter=key>\\n12345\\n</parameter>``), so
+Qwen3-Coder writes every argument as bare text (``<parameter=key>\n12345\n</parameter>``), so
 the string ``"12345"`` and the integer 12345 look alike. As vLLM's and SGLang's ``qwen3_coder``
 parsers do, a value is read by the type its tool declares in the request's ``tools``; unlike them,
 a value that fits none of its declared types is an error the model sees, never a guess.

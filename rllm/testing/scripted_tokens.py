@@ -136,7 +136,9 @@ class ScriptedTokenServer(ScriptedOpenAIServer):
                 "text": self.tokenizer.decode(out.token_ids, skip_special_tokens=False),
                 "output_ids": out.token_ids,
                 "meta_info": {
-                    "output_token_logprobs": [[lp, i, None] for lp, i in zip(out.logprobs or [], out.token_ids, strict=False)],
+                    "output_token_logprobs": [
+                        [lp, i, None] for lp, i in zip(out.logprobs or [], out.token_ids, strict=False)
+                    ],
                     "finish_reason": {"type": out.finish_reason},
                     "prompt_tokens": len(body["input_ids"]),
                     "completion_tokens": len(out.token_ids),

@@ -65,9 +65,12 @@ CHAT_TEMPLATE = r"""{%- macro render_content(content) -%}
 {%- if tools %}
 {{- '<|im_start|>system\n' }}
 {%- if has_system %}{{- render_content(messages[0].content) + '\n\n' }}{%- endif %}
-{{- '# Tools\n\nThese functions are available to you; their signatures are listed between <tools> and </tools>:\n<tools>' }}
+{{- '# Tools\n\nThese functions are available to you; their signatures are listed between <tools> and </tools>:'
+    + '\n<tools>' }}
 {%- for tool in tools %}{{- '\n' + (tool | tojson) }}{%- endfor %}
-{{- '\n</tools>\n\nTo call a function, write one JSON object with its name and arguments between <tool_call> and </tool_call>, one block per call:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n' }}
+{{- '\n</tools>\n\nTo call a function, write one JSON object with its name and arguments between <tool_call> and '
+    + '</tool_call>, one block per call:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}'
+    + '\n</tool_call><|im_end|>\n' }}
 {%- elif has_system %}
 {{- '<|im_start|>system\n' + render_content(messages[0].content) + '<|im_end|>\n' }}
 {%- endif %}
@@ -75,7 +78,8 @@ CHAT_TEMPLATE = r"""{%- macro render_content(content) -%}
 {%- for message in messages %}
 {%- if message.role == 'user' %}
 {%- set text = render_content(message.content) %}
-{%- if not (text.startswith('<tool_response>') and text.endswith('</tool_response>')) %}{%- set ns.last_query = loop.index0 %}{%- endif %}
+{%- if not (text.startswith('<tool_response>') and text.endswith('</tool_response>')) %}
+{%- set ns.last_query = loop.index0 %}{%- endif %}
 {%- endif %}
 {%- endfor %}
 {%- for message in messages %}
@@ -221,7 +225,8 @@ def build_tiny_qwen3(
         dtype=torch.float32,
     )
     torch.manual_seed(seed)
-    model = transformers.Qwen3ForCausalLM(config).to(torch.float32).eval()
+    # PreTrainedModel.to is wrapped with functools.wraps(torch.nn.Module.to): mypy reads the dtype as ``self``.
+    model = transformers.Qwen3ForCausalLM(config).to(torch.float32).eval()  # type: ignore[arg-type]
     model.generation_config.bos_token_id = bos_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = pad_id
@@ -243,7 +248,10 @@ def build_tiny_model_dir(out_dir: Path) -> Path:
 
 
 RANDOM_QWEN3_DIR_NAME = "random-qwen3-v1"
-"""Cache folder (under ``$RLLM_CACHE_DIR``) of ``build_random_qwen3_dir``'s default output; bumped when the build changes."""
+"""Cache folder (under ``$RLLM_CACHE_DIR``) of ``build_random_qwen3_dir``'s default output.
+
+Bumped when the build changes.
+"""
 
 
 def build_random_qwen3_dir(out_dir: Path | None = None) -> Path:

@@ -1,4 +1,4 @@
-"""Incremental chat-template rendering: each call renders only what was appended since the last.
+r"""Incremental chat-template rendering: each call renders only what was appended since the last.
 
 The first call renders the whole conversation with the generation prompt. Later calls render
 only the new messages (tool results, new user turns) as a token delta that follows the tokens the
@@ -6,7 +6,7 @@ model sampled, so the model's own tokens, ``<think>`` blocks and end-of-turn tok
 never rendered again.
 
 Messages reach the template the way vLLM's chat endpoint hands them over: every text block of a
-message joined into one string with ``"\\n"`` (real templates do not take lists of blocks: some
+message joined into one string with ``"\n"`` (real templates do not take lists of blocks: some
 crash, some silently render nothing), and tool-call arguments as JSON objects rather than strings.
 Content a text-only policy cannot take (an image, say) is an error, never dropped.
 
@@ -90,10 +90,11 @@ class TemplateProbe:
 
 
 def content_text(content: Any, sep: str = "") -> str:
-    """The text of an OpenAI-format message content, leniently: a string as is, else its blocks' texts joined with ``sep``.
+    """The text of an OpenAI-format message content, leniently.
 
-    Blocks without text (an image) and anything that is not a block add nothing; ``None`` is "".
-    ``flatten_content`` is the strict reading a chat template gets.
+    A string as is, else its blocks' texts joined with ``sep``. Blocks without text (an image) and
+    anything that is not a block add nothing; ``None`` is "". ``flatten_content`` is the strict
+    reading a chat template gets.
     """
     if isinstance(content, str):
         return content
@@ -101,7 +102,7 @@ def content_text(content: Any, sep: str = "") -> str:
 
 
 def flatten_content(content: Any, where: str) -> str:
-    """One string for a message's content: its text blocks joined with ``"\\n"``, as vLLM does.
+    r"""One string for a message's content: its text blocks joined with ``"\n"``, as vLLM does.
 
     Raises ``UnsupportedContentError`` for any block that is not text (an image, audio, a file).
     """
@@ -162,14 +163,18 @@ class ChatRenderer:
         TemplateError: The template cannot be rendered incrementally.
     """
 
-    def __init__(self, tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None, *, name: str | None = None) -> None:
+    def __init__(
+        self, tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None, *, name: str | None = None
+    ) -> None:
         self.tokenizer = tokenizer
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.name = name or template_name(tokenizer)
         self.probe = self._probe()
         self._check_incremental()
 
-    def render_text(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, generation_prompt: bool) -> str:
+    def render_text(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, generation_prompt: bool
+    ) -> str:
         """The template's text for ``messages``."""
         prepared = template_messages(messages)
         try:

@@ -1,11 +1,11 @@
-"""Run a LiteLLM proxy that captures every call into a ``TraceStore``.
+r"""Run a LiteLLM proxy that captures every call into a ``TraceStore``.
 
 ``litellm[proxy]`` cannot share an environment with the rest of rLLM (it pins ``rich<14``,
 ``strands-agents-tools`` needs ``rich>=14``; newer LiteLLM wants an ``mcp`` that Strands refuses),
 so the proxy runs from its own virtual environment::
 
     python -m rllm.tracing.proxy install            # creates .cache/litellm-venv (or $RLLM_PROXY_VENV)
-    python -m rllm.tracing.proxy start --backend http://127.0.0.1:30000/v1 --served-model Qwen/Qwen3-4B \\
+    python -m rllm.tracing.proxy start --backend http://127.0.0.1:30000/v1 --served-model Qwen/Qwen3-4B \
         --db traces.db                          # serves the model as "policy" until Ctrl-C
     python -m rllm.tracing.proxy show --db traces.db [--session ID]
 

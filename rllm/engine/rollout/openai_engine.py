@@ -115,7 +115,10 @@ class OpenAIEngine:
             timeout=self.timeout,
             max_retries=0,  # retries are ours: capped, jittered, and only for retryable errors
             http_client=openai.DefaultAsyncHttpxClient(
-                limits=httpx.Limits(max_connections=self.max_connections, max_keepalive_connections=self.max_connections)
+                # newer openai types its default client on httpx2, which reads httpx's Limits as they are
+                limits=httpx.Limits(  # type: ignore[arg-type]
+                    max_connections=self.max_connections, max_keepalive_connections=self.max_connections
+                )
             ),
         )
 
@@ -179,7 +182,9 @@ class OpenAIEngine:
             message = f"{self.url} failed after {self.max_retries + 1} attempts: {cause}"
             return EngineUnavailableError(message, url=self.url, cause=cause)
         if is_context_overflow(error):
-            return ContextLengthExceededError(f"{self.url}: context window exceeded: {cause}", url=self.url, cause=cause)
+            return ContextLengthExceededError(
+                f"{self.url}: context window exceeded: {cause}", url=self.url, cause=cause
+            )
         return EngineRequestError(f"{self.url} rejected the request: {cause}", url=self.url, cause=cause)
 
 

@@ -97,7 +97,9 @@ class TokenEngine(abc.ABC):
         return TokenSession()
 
     @abc.abstractmethod
-    async def _generate(self, prompt_ids: list[int], max_new_tokens: int, sampling: dict[str, Any], session: TokenSession) -> TokenOutput:
+    async def _generate(
+        self, prompt_ids: list[int], max_new_tokens: int, sampling: dict[str, Any], session: TokenSession
+    ) -> TokenOutput:
         """Sample up to ``max_new_tokens`` after ``prompt_ids``, with one logprob per token."""
 
     async def get_model_response(
@@ -116,7 +118,9 @@ class TokenEngine(abc.ABC):
         params, _ = select_sampling_params({**self.default_sampling, **sampling})
         room = self.context_length - len(trace)
         if room <= 0:
-            raise ContextLengthExceededError(f"prompt of {len(trace)} tokens fills the {self.context_length}-token context")
+            raise ContextLengthExceededError(
+                f"prompt of {len(trace)} tokens fills the {self.context_length}-token context"
+            )
         max_new = min(int(params.pop("max_tokens", params.pop("max_completion_tokens", room))), room)
         params.pop("tool_choice", None)
         prompt_ids = list(trace.token_ids)
@@ -152,7 +156,9 @@ class TokenEngine(abc.ABC):
             session.trace.truncate(segments)
             session.messages, session.tools = messages, tools
 
-    def _extend_prompt(self, session: TokenSession, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> None:
+    def _extend_prompt(
+        self, session: TokenSession, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> None:
         trace = session.trace
         if not trace.num_turns:  # nothing sampled yet (or a first call was cancelled): render it all
             trace.truncate(0)
@@ -181,7 +187,10 @@ class TokenEngine(abc.ABC):
     def _audit(self, trace: TokenTrace, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> None:
         full = self.renderer.prompt_ids(messages, tools)
         if full != trace.token_ids:
-            first = next((i for i, (a, b) in enumerate(zip(full, trace.token_ids, strict=False)) if a != b), min(len(full), len(trace)))
+            first = next(
+                (i for i, (a, b) in enumerate(zip(full, trace.token_ids, strict=False)) if a != b),
+                min(len(full), len(trace)),
+            )
             self.audit_mismatches += 1
             logger.warning(
                 "audit: a full re-render differs from the token trace at token %d of %d (re-render has %d tokens)",

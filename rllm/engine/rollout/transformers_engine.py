@@ -113,7 +113,8 @@ class _Request:
 
     def output(self, *, aborted: bool = False) -> TokenOutput:
         finish = "stop" if self.token_ids and self.token_ids[-1] in self.stop_ids else "length"
-        return TokenOutput(token_ids=self.token_ids, logprobs=self.logprobs, finish_reason="abort" if aborted else finish)
+        return TokenOutput(token_ids=self.token_ids, logprobs=self.logprobs,
+                           finish_reason="abort" if aborted else finish)
 
 
 @dataclass
@@ -178,7 +179,9 @@ class _RoomyLayer(DynamicLayer):
         self.values = values = self._values[:, :, : self._length]
         return keys, values
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         end = self._length + key_states.shape[-2]
         if end > self._keys.shape[-2]:
             capacity = end + max(64, end // 4)
@@ -252,7 +255,9 @@ def _merge(batch: _Batch | None, new: _Batch) -> _Batch:
     return _Batch(
         requests=requests,
         cache=_BatchCache(layers, _room(requests)),
-        attention_mask=torch.cat([_left_pad(batch.attention_mask, length, -1), _left_pad(new.attention_mask, length, -1)]),
+        attention_mask=torch.cat(
+            [_left_pad(batch.attention_mask, length, -1), _left_pad(new.attention_mask, length, -1)]
+        ),
         last_tokens=torch.cat([batch.last_tokens, new.last_tokens]),
     )
 
@@ -393,7 +398,9 @@ class TransformersEngine(TokenEngine):
         self._in_flight: set[_Request] = set()
         self._worker: threading.Thread | None = None
 
-    async def _generate(self, prompt_ids: list[int], max_new_tokens: int, sampling: dict[str, Any], session: TokenSession) -> TokenOutput:
+    async def _generate(
+        self, prompt_ids: list[int], max_new_tokens: int, sampling: dict[str, Any], session: TokenSession
+    ) -> TokenOutput:
         if max_new_tokens <= 0:
             return TokenOutput(token_ids=[], logprobs=[], finish_reason="length")
         generator = None
@@ -483,7 +490,8 @@ class TransformersEngine(TokenEngine):
             self.stats.failed_forwards += 1
             logger.warning("TransformersEngine %s forward over %d requests failed: %s: %s",
                            what, len(requests), type(error).__name__, error)
-            failure = EngineError(f"the model's {what} forward failed: {type(error).__name__}: {error}", cause=repr(error))
+            failure = EngineError(f"the model's {what} forward failed: {type(error).__name__}: {error}",
+                                  cause=repr(error))
             failure.__cause__ = error
             for request in requests:
                 _hand_back(request, failure)
@@ -520,8 +528,10 @@ class TransformersEngine(TokenEngine):
             if out is None:
                 return batch
             suffix_room = max(len(r.prompt_ids) for r in requests) - shared
-            cache = _BatchCache([(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in _cache_layers(cache)],
-                                suffix_room + _room(requests))
+            cache = _BatchCache(
+                [(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in _cache_layers(cache)],
+                suffix_room + _room(requests),
+            )
             prefix_mask = torch.ones((rows, shared), dtype=torch.long, device=device)
             self.stats.shared_prefix_tokens += (rows - 1) * shared
         else:
@@ -545,7 +555,9 @@ class TransformersEngine(TokenEngine):
         self.stats.prefill_tokens += sum(len(r.prompt_ids) for r in requests)
         tokens, logprobs = _sample(out.logits[:, -1], requests)
         self.stats.sampled_tokens += len(tokens)
-        keep = [row for row, request in enumerate(requests) if not self._finish_if_done(request, tokens[row], logprobs[row])]
+        keep = [
+            row for row, request in enumerate(requests) if not self._finish_if_done(request, tokens[row], logprobs[row])
+        ]
         new = _keep_rows(
             _Batch(requests=requests, cache=out.past_key_values, attention_mask=attention_mask,
                    last_tokens=torch.tensor(tokens, device=device)),
@@ -567,8 +579,8 @@ class TransformersEngine(TokenEngine):
         rows = len(batch.requests)
         position_ids = batch.attention_mask.sum(dim=1, keepdim=True)
         attention_mask = F.pad(batch.attention_mask, (0, 1), value=1)
-        out = self._forward(batch.requests, "decode", input_ids=batch.last_tokens[:, None], attention_mask=attention_mask,
-                            position_ids=position_ids, past_key_values=batch.cache)
+        out = self._forward(batch.requests, "decode", input_ids=batch.last_tokens[:, None],
+                            attention_mask=attention_mask, position_ids=position_ids, past_key_values=batch.cache)
         if out is None:
             return None
         self.stats.decode_steps += 1
@@ -578,7 +590,10 @@ class TransformersEngine(TokenEngine):
         self.stats.sampled_tokens += rows
         batch.attention_mask = attention_mask
         batch.last_tokens = torch.tensor(tokens, device=batch.last_tokens.device)
-        keep = [row for row, request in enumerate(batch.requests) if not self._finish_if_done(request, tokens[row], logprobs[row])]
+        keep = [
+            row for row, request in enumerate(batch.requests)
+            if not self._finish_if_done(request, tokens[row], logprobs[row])
+        ]
         return _keep_rows(batch, keep)
 
     def _drop_if_aborted(self, request: _Request) -> bool:

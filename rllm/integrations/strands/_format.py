@@ -69,7 +69,11 @@ def format_messages(
                 assistant = {"role": "assistant", "content": ""}
                 chunk.append(assistant)
             assistant["reasoning_content"] = reasoning
-        failed = {b["toolResult"]["toolUseId"] for b in blocks if "toolResult" in b and b["toolResult"].get("status") == "error"}
+        failed = {
+            b["toolResult"]["toolUseId"]
+            for b in blocks
+            if "toolResult" in b and b["toolResult"].get("status") == "error"
+        }
         for entry in chunk:
             if entry["role"] == "tool" and entry["tool_call_id"] in failed:
                 entry["content"] = _mark_error(entry["content"])
@@ -125,7 +129,8 @@ def output_events(output: ModelOutput, latency_ms: int = 0) -> list[StreamEvent]
         ]
     for call in output.tool_calls:
         events += [
-            {"contentBlockStart": {"start": {"toolUse": {"name": call.name or INVALID_TOOL_NAME, "toolUseId": call.id}}}},
+            {"contentBlockStart": {"start": {"toolUse": {"name": call.name or INVALID_TOOL_NAME,
+                                                         "toolUseId": call.id}}}},
             {"contentBlockDelta": {"delta": {"toolUse": {"input": call.arguments}}}},
             {"contentBlockStop": {}},
         ]

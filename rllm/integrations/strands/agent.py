@@ -25,7 +25,9 @@ logger = logging.getLogger(__name__)
 def _output_from_message(message: Message) -> ModelOutput:
     """A ``ModelOutput`` rebuilt from a Strands message, for models that record no ``ModelCall``."""
     blocks = message["content"]
-    reasoning = "".join(b["reasoningContent"].get("reasoningText", {}).get("text", "") for b in blocks if "reasoningContent" in b)
+    reasoning = "".join(
+        b["reasoningContent"].get("reasoningText", {}).get("text", "") for b in blocks if "reasoningContent" in b
+    )
     return ModelOutput(
         text="".join(b["text"] for b in blocks if "text" in b),
         reasoning=reasoning or None,
@@ -169,7 +171,8 @@ class StrandsAgent(Agent):
             **kwargs,
         )
         self._initial_snapshot = self.take_snapshot(
-            include=["messages", "state", "conversation_manager_state", "interrupt_state", "system_prompt", "model_state"]
+            include=["messages", "state", "conversation_manager_state", "interrupt_state", "system_prompt",
+                     "model_state"]
         )
 
     @property

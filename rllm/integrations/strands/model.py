@@ -123,7 +123,8 @@ class RLLMModel(Model):
         if output is None:
             logger.debug("model call cancelled after %.2fs; the engine's request was aborted",
                          time.perf_counter() - started)
-            record_model_call(invocation_state, ModelCall(messages=request_messages, tools=tools, output=cancelled_output()))
+            record_model_call(invocation_state,
+                              ModelCall(messages=request_messages, tools=tools, output=cancelled_output()))
             return
         latency_ms = int(1000 * (time.perf_counter() - started))
         record_model_call(invocation_state, ModelCall(messages=request_messages, tools=tools, output=output))
