@@ -13,17 +13,20 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from strands import tool
 
+from rllm.data.verl_rows import AGENT_NAME, verl_row
 from rllm.integrations.strands import Budget
 
 LOOKUP_SYSTEM_PROMPT = "Use the lookup tool. Answer with the code in \\boxed{}."
 LOOKUP_BUDGET = Budget(max_model_turns=4, max_tool_calls=4)
 """Two lookups and the answer need three model calls; one call of slack."""
+DATA_SOURCE = "lookup"
+"""The verl rows' ``data_source`` (verl logs validation metrics under it: ``val-core/lookup/...``)."""
 
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 
@@ -86,10 +89,44 @@ def lookup_tools(world: LookupWorld) -> list[Any]:
     return [lookup]
 
 
+def lookup_world_tools(world_size: int = 1000, seed: int = 0) -> list[Any]:
+    """``lookup_tools`` over ``LookupWorld(world_size, seed)``: plain arguments, for a recipe's ``tool_factory``.
+
+    The world is rebuilt from its seed, so every rollout worker holds the same boxes as the rows.
+    """
+    return lookup_tools(LookupWorld(world_size, seed=seed))
+
+
+def _boxed_code(answer: str | None) -> str | None:
+    """What the last ``\\boxed{}`` of ``answer`` holds (stripped), or ``None`` without one."""
+    found = _BOXED.findall(answer or "")
+    return found[-1].strip() if found else None
+
+
 def score_lookup_answer(answer: str, task: LookupTask) -> float:
     """1.0 when the last ``\\boxed{}`` of ``answer`` holds the task's code, else 0.0."""
-    found = _BOXED.findall(answer or "")
-    return 1.0 if found and found[-1].strip() == str(task.code) else 0.0
+    return 1.0 if _boxed_code(answer) == str(task.code) else 0.0
+
+
+def score_lookup_row(task: dict[str, Any], final_answer: str) -> dict[str, float]:
+    """Verl's numbers for one final answer (the scorer ``rllm.training.verl.reward`` calls).
+
+    ``task["answer"]`` is the row's ground truth, the code; returns ``score`` (1.0 when the last
+    ``\\boxed{}`` holds it, as ``score_lookup_answer``) and ``boxed`` (an answer was found).
+    """
+    boxed = _boxed_code(final_answer)
+    return {"score": 1.0 if boxed is not None and boxed == str(task["answer"]).strip() else 0.0,
+            "boxed": float(boxed is not None)}
+
+
+def lookup_verl_rows(tasks: Iterable[LookupTask], split: str, *, agent_name: str = AGENT_NAME) -> list[dict[str, Any]]:
+    """Verl rows for lookup ``tasks``: the agent's system prompt, the question, the code as ground truth."""
+    return [
+        verl_row(index=index, split=split, system_prompt=LOOKUP_SYSTEM_PROMPT, question=task.question,
+                 data_source=DATA_SOURCE, ground_truth=str(task.code), agent_name=agent_name,
+                 extra_info={"id": task.task_id, "box": task.box})
+        for index, task in enumerate(tasks)
+    ]
 
 
 DEMONSTRATION_KINDS = ("two_hops", "one_hop", "no_tool")
