@@ -37,7 +37,7 @@ Environment:
                         written into the recipe (rllm.agent_loop.tool_kwargs.retrieval_url)
   RETRIEVAL_TOKEN       the server's bearer token (now: $token_state); the same
                         variable rag/launch_rag.sh reads; passed to the rollout workers
-                        through Ray's runtime environment, never printed with the config
+                        through a Ray actor, never printed with the config or logged
   HOTPOTQA_DIR          train/validation parquet (now: $HOTPOTQA_DIR); make: python scripts/prepare_hotpotqa.py
   PYTHON                interpreter (now: $PYTHON)
 

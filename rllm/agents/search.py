@@ -49,7 +49,7 @@ def search_tools(retrieval_url: str, **kwargs: Any) -> list[Any]:
     ``kwargs`` go to ``rag.client.make_local_search_tool`` (``token``, ``max_chars``, ``timeout``,
     ``max_retries``). The URL is always given (by the recipe in training, by
     ``search_workflow_args`` in evaluation); only the token, a secret, defaults to
-    ``$RETRIEVAL_TOKEN`` (which the recipe passes to the rollout workers through Ray's runtime_env).
+    ``$RETRIEVAL_TOKEN`` (which the launcher hands to each rollout worker: ``rllm.training.verl.secrets``).
     """
     from rag.client import make_local_search_tool
 

@@ -48,6 +48,7 @@ from rllm.integrations.strands.rollout import FinishedRollout, build_agent, run_
 from rllm.parser import get_tool_parser
 from rllm.tokens.renderer import content_text
 from rllm.training.verl._dotted import import_object
+from rllm.training.verl.secrets import receive_secrets
 
 logger = logging.getLogger(__name__)
 
@@ -199,7 +200,12 @@ def _cached_tools(factory: str, kwargs_json: str) -> tuple[Any, ...]:
 
 
 def build_tools(factory: str, kwargs: dict[str, Any] | None = None) -> list[Any]:
-    """The Strands tools ``factory(**kwargs)`` returns, built once per process for equal arguments."""
+    """The Strands tools ``factory(**kwargs)`` returns, built once per process for equal arguments.
+
+    The run's secrets (the retrieval token) are copied into this worker's environment first, where
+    the tools read them (``rllm.training.verl.secrets``).
+    """
+    receive_secrets()
     return list(_cached_tools(factory, json.dumps(kwargs or {}, sort_keys=True)))
 
 

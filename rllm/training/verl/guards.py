@@ -15,7 +15,11 @@ checked against the recipe's ``rllm.guards`` block (on by default; ``null`` turn
   gradient at all). Stop after that many.
 * tool calls per episode falling to zero after they were above it: a warning with the step (a
   policy may legitimately stop calling tools, but never unnoticed).
-* a loss, gradient norm or entropy that is NaN or infinite: stop with the step, always.
+* a loss or entropy that is NaN or infinite: stop with the step, always.
+
+``GuardedTaskRunner`` checks the rollout guards once verl has the actor's log-probs and the rewards,
+before the update (``check_rollouts``), and the loss right after the update (``check_update``),
+before the step's checkpoint and weight sync.
 """
 
 from __future__ import annotations
@@ -37,11 +41,11 @@ GUARDS_KEY = "rllm.guards"
 PREFIX = "rllm/guard/"
 """Prefix of the guard metrics in verl's logged metrics."""
 
-_FINITE_METRICS = ("actor/loss", "actor/pg_loss", "actor/entropy_loss", "actor/kl_loss", "actor/grad_norm",
-                   "actor/entropy")
+_FINITE_METRICS = ("actor/loss", "actor/pg_loss", "actor/entropy_loss", "actor/kl_loss", "actor/entropy")
 """What verl 0.9.1's v1 trainer logs for the update: ``actor/loss`` is the loss it backpropagates (``pg_loss``
 minus ``entropy_coeff * entropy_loss`` plus ``kl_loss_coef * kl_loss``; the last two only when computed), and
-``actor/entropy`` the token-mean entropy of the step's responses."""
+``actor/entropy`` the token-mean entropy of the step's responses. Not ``actor/grad_norm``: with fp16 on a GPU
+the grad scaler's early overflows give an infinite norm for an update it then skips, which is not a NaN step."""
 
 
 @dataclass(frozen=True)
@@ -127,13 +131,21 @@ class TrainingGuards:
         self.tools_were_used = False
 
     def check(self, step: int, metrics: dict[str, Any]) -> list[str]:
-        """Raise on a violated guard; return the warnings (already logged)."""
-        s, warnings = self.settings, []
+        """Both checks of a step (``check_update`` then ``check_rollouts``); the warnings."""
+        self.check_update(step, metrics)
+        return self.check_rollouts(step, metrics)
+
+    def check_update(self, step: int, metrics: dict[str, Any]) -> None:
+        """Raise when the update's loss or entropy is NaN or infinite."""
         for name in _FINITE_METRICS:
             value = metrics.get(name)
             if value is not None and not math.isfinite(float(value)):
                 raise TrainingGuardError(f"step {step}: {name} is {value}; stopping instead of training on it "
                                          "(fp16 overflow? see the README's precision notes)", step=step)
+
+    def check_rollouts(self, step: int, metrics: dict[str, Any]) -> list[str]:
+        """Raise on a violated rollout guard (before the update); return the warnings (already logged)."""
+        s, warnings = self.settings, []
         gap = metrics.get(f"{PREFIX}logprob_gap_mean")
         if s.max_logprob_gap is not None and gap is not None and gap > s.max_logprob_gap:
             raise TrainingGuardError(

@@ -17,6 +17,7 @@ import ray
 from omegaconf import OmegaConf
 from verl.trainer.main_ppo import TaskRunnerV1
 
+from rllm.errors import TrainingGuardError
 from rllm.training.verl.guards import (
     GUARDS_KEY,
     GuardSettings,
@@ -107,20 +108,51 @@ def guarded_trainer_class(base: type) -> type:
     """``base`` (a verl v1 trainer) whose every step adds the guard metrics and stops on a violated guard."""
 
     class GuardedTrainer(base):  # type: ignore[misc, valid-type]
-        """verl's trainer plus rllm's training guards (``rllm.training.verl.guards``)."""
+        """verl's trainer plus rllm's training guards (``rllm.training.verl.guards``).
 
-        def _compute_metrics(self, batch: Any, metrics: dict, timing_raw: dict, global_steps: int, epoch: int) -> Any:
-            result = super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
+        The rollout guards run once the actor's log-probs and the rewards are in, before the
+        update (``_compute_advantage``); the loss guard right after the update, before the step's
+        checkpoint and weight sync (``_update_actor``). A stop logs the step's metrics first, so
+        the tracker shows what stopped it.
+        """
+
+        @property
+        def _guards(self) -> TrainingGuards:
             if not hasattr(self, "_rllm_guards"):
                 block = OmegaConf.select(self.config, GUARDS_KEY, default=None)
                 values = OmegaConf.to_container(block, resolve=True) if block is not None else {}
                 self._rllm_guards = TrainingGuards(GuardSettings.from_mapping(values))  # type: ignore[arg-type]
+            return self._rllm_guards
+
+        def _stop(self, error: TrainingGuardError, metrics: dict) -> None:
+            tracker = getattr(self, "logger", None)
+            if tracker is not None:
+                tracker.log(data=dict(metrics), step=self.global_steps)
+            raise error
+
+        def _compute_advantage(self, batch: Any, metrics: dict) -> Any:
             metrics.update(step_metrics(read_step(batch)))
+            try:
+                self._guards.check_rollouts(self.global_steps, metrics)
+            except TrainingGuardError as error:
+                self._stop(error, metrics)
+            return super()._compute_advantage(batch, metrics)
+
+        def _update_actor(self, batch: Any, metrics: dict) -> Any:
+            result = super()._update_actor(batch, metrics)
+            try:
+                self._guards.check_update(self.global_steps, metrics)
+            except TrainingGuardError as error:
+                self._stop(error, metrics)
+            return result
+
+        def _compute_metrics(self, batch: Any, metrics: dict, timing_raw: dict, global_steps: int, epoch: int) -> Any:
+            result = super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
             if OmegaConf.select(self.config, "actor_rollout_ref.rollout.name") == BACKEND_NAME:
                 metrics.update(weight_sync_metrics())
-            logger.info(summary_line(global_steps, metrics))
-            print(summary_line(global_steps, metrics), flush=True)  # noqa: T201 - the console a user watches
-            self._rllm_guards.check(global_steps, metrics)
+            line = summary_line(global_steps, metrics)
+            logger.info(line)
+            print(line, flush=True)  # noqa: T201 - the console a user watches
             return result
 
     GuardedTrainer.__name__ = GuardedTrainer.__qualname__ = f"Guarded{base.__name__}"

@@ -16,7 +16,8 @@ retrieval server. ``--smoke`` runs two real steps of the recipe on this machine 
 ``--cpu`` runs verl on the CPU (``rllm.training.verl.cpu``). The trainer is verl's own, run by
 ``GuardedTaskRunner``: every step logs the training guards and stops when one is violated. The
 retrieval server's token goes from this process's ``RETRIEVAL_TOKEN`` to the rollout workers
-through Ray's runtime environment, never through the config verl prints and tracks.
+through a Ray actor (``rllm.training.verl.secrets``), never through the config verl prints and
+tracks or the runtime environment Ray logs.
 """
 
 from __future__ import annotations
@@ -57,7 +58,6 @@ SMOKE_OVERRIDES = [
 """``--smoke``: two real steps of the recipe on this machine (one GPU with the embedded backend, or ``--cpu``),
 two prompts of two rollouts each, nothing saved or validated, so a broken tool, reward, template or config
 shows before a cluster is rented. Overrides given after it still apply."""
-TOKEN_ENV = "RETRIEVAL_TOKEN"
 
 
 def _absolute(path: str, *roots: Path) -> str:
@@ -134,13 +134,16 @@ def validate(config: DictConfig) -> None:
     check_launch(config)
 
 
-def ray_init_kwargs(config: DictConfig, token: str | None) -> dict[str, Any]:
-    """``ray.init``'s arguments as verl's ``run_ppo`` builds them, plus the retrieval token in the workers' environment.
+def ray_init_kwargs(config: DictConfig) -> dict[str, Any]:
+    """``ray.init``'s arguments exactly as verl's ``run_ppo`` builds them (verl's runtime env and the recipe's).
 
-    The token never enters the config that verl prints and hands to its trackers; it reaches every
-    rollout worker through Ray's runtime environment, on one machine and on a cluster alike.
+    A secret in the recipe's runtime env is refused: verl prints the config and sends it to every
+    tracker, and Ray writes the runtime env into its session logs. The retrieval token reaches the
+    workers through ``rllm.training.verl.secrets`` instead.
     """
     from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
+
+    from rllm.training.verl.secrets import SECRET_ENV_VARS
 
     runtime_env = get_ppo_ray_runtime_env(config)
     kwargs = OmegaConf.to_container(OmegaConf.select(config, "ray_kwargs.ray_init", default={}) or {}, resolve=True)
@@ -149,13 +152,11 @@ def ray_init_kwargs(config: DictConfig, token: str | None) -> dict[str, Any]:
         runtime_env.setdefault("env_vars", {})["TRANSFER_QUEUE_ENABLE"] = "1"
     merged = OmegaConf.to_container(OmegaConf.merge(runtime_env, kwargs.get("runtime_env") or {}), resolve=True)
     assert isinstance(merged, dict)
-    env_vars = dict(merged.get("env_vars") or {})
-    if TOKEN_ENV in env_vars:
-        raise ValueError(f"ray_kwargs.ray_init.runtime_env.env_vars.{TOKEN_ENV} would print the retrieval token "
-                         f"with the config and send it to every tracker: set {TOKEN_ENV} in the environment instead")
-    if token:
-        env_vars[TOKEN_ENV] = token
-    merged["env_vars"] = env_vars
+    leaked = sorted(set(merged.get("env_vars") or {}) & set(SECRET_ENV_VARS))
+    if leaked:
+        raise ValueError(f"ray_kwargs.ray_init.runtime_env.env_vars.{leaked[0]} would print the secret with the "
+                         f"config, send it to every tracker and write it into Ray's logs: set {leaked[0]} in the "
+                         "environment of the launcher instead")
     return {**kwargs, "runtime_env": merged}
 
 
@@ -172,13 +173,18 @@ def _run(config: DictConfig, dry_run: bool) -> None:
     from verl.utils.device import auto_set_device
 
     from rllm.training.verl.runner import GuardedTaskRunner
+    from rllm.training.verl.secrets import share_secrets
 
     # What verl's own main does (device selection, validation), then its run_ppo with the guarded task runner.
     auto_set_device(config)
     validate(config)
     if not ray.is_initialized():
-        ray.init(**ray_init_kwargs(config, os.environ.get(TOKEN_ENV) or None))
-    run_ppo(config, task_runner_class=GuardedTaskRunner)
+        ray.init(**ray_init_kwargs(config))
+    secrets = share_secrets()  # the retrieval token, for the rollout workers; held until the run ends
+    try:
+        run_ppo(config, task_runner_class=GuardedTaskRunner)
+    finally:
+        del secrets
 
 
 def main(argv: list[str] | None = None) -> None:

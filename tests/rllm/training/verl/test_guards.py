@@ -64,7 +64,8 @@ def test_tool_use_falling_to_zero_is_a_warning_not_a_stop(caplog: pytest.LogCapt
     assert "tool calls per episode fell to zero" in caplog.text
 
 
-@pytest.mark.parametrize("name", ["actor/pg_loss", "actor/grad_norm", "actor/entropy"])
+@pytest.mark.parametrize("name", ["actor/loss", "actor/pg_loss", "actor/entropy_loss", "actor/kl_loss",
+                                  "actor/entropy"])
 @pytest.mark.parametrize("value", [math.nan, math.inf])
 def test_a_non_finite_loss_stops_with_its_step(name: str, value: float) -> None:
     with pytest.raises(TrainingGuardError, match=f"step 7: {name} is {value}"):
@@ -78,3 +79,8 @@ def test_guards_can_be_turned_off_and_unknown_settings_are_refused() -> None:
                                        actor_logprobs=[[-9.0]]))
     with pytest.raises(ValueError, match=r"rllm\.guards\.max_gap"):
         GuardSettings.from_mapping({"max_gap": 1})
+
+
+def test_an_infinite_gradient_norm_alone_is_not_a_stop() -> None:
+    """fp16 on a GPU: the grad scaler's early overflow gives an infinite norm for an update it then skips."""
+    TrainingGuards(GuardSettings()).check_update(1, {"actor/grad_norm": math.inf, "actor/pg_loss": 0.1})

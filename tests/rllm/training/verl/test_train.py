@@ -6,9 +6,11 @@ retrieval health check behave as documented. CPU only; nothing here starts Ray o
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -175,21 +177,43 @@ def test_launcher_refuses_to_start_without_a_healthy_retrieval_server() -> None:
     assert "rag/launch_rag.sh" in result.stderr
 
 
-def test_the_retrieval_token_reaches_the_workers_but_never_the_config_verl_prints(monkeypatch) -> None:
-    """verl prints the resolved config and hands it to every tracker: the token travels in Ray's runtime env only."""
+def test_the_retrieval_token_is_in_neither_the_config_verl_prints_nor_rays_runtime_env(monkeypatch) -> None:
+    """verl prints the resolved config and hands it to every tracker; Ray logs the runtime env. The token is in neither."""
     from rllm.training.verl.train import ray_init_kwargs
 
     monkeypatch.setenv("RETRIEVAL_TOKEN", "sekrit-123")
     config = prepare_config(compose())
     validate(config)
     assert "sekrit-123" not in OmegaConf.to_yaml(config, resolve=True)  # what verl prints and tracks
-    kwargs = ray_init_kwargs(config, os.environ["RETRIEVAL_TOKEN"])
-    assert kwargs["runtime_env"]["env_vars"]["RETRIEVAL_TOKEN"] == "sekrit-123"  # what every Ray worker gets
+    kwargs = ray_init_kwargs(config)
+    assert "sekrit-123" not in str(kwargs)  # what Ray writes into runtime_env_agent.log
     assert kwargs["runtime_env"]["env_vars"]["TOKENIZERS_PARALLELISM"]  # verl's own runtime env is kept
-    assert "RETRIEVAL_TOKEN" not in ray_init_kwargs(config, None)["runtime_env"]["env_vars"]
     leaked = prepare_config(compose("+ray_kwargs.ray_init.runtime_env.env_vars.RETRIEVAL_TOKEN=sekrit-123"))
-    with pytest.raises(ValueError, match="would print the retrieval token"):
-        ray_init_kwargs(leaked, None)
+    with pytest.raises(ValueError, match="would print the secret"):
+        ray_init_kwargs(leaked)
+
+
+def test_the_rollout_workers_receive_the_token_through_ray() -> None:
+    """A worker without the variable (a node of a cluster) gets it from the run's secret store, by name."""
+    ray_dir = tempfile.mkdtemp(prefix="rllm-ray-")  # short: Ray's socket paths must fit in 107 bytes
+    script = (
+        "import os, ray\n"
+        "from rllm.training.verl.secrets import receive_secrets, share_secrets\n"
+        f"ray.init(num_cpus=1, include_dashboard=False, _temp_dir={ray_dir!r})\n"
+        "store = share_secrets()\n"
+        "@ray.remote(runtime_env={'env_vars': {'RETRIEVAL_TOKEN': ''}})\n"
+        "def worker():\n"
+        "    before = os.environ.get('RETRIEVAL_TOKEN')\n"
+        "    return before, receive_secrets(), os.environ.get('RETRIEVAL_TOKEN')\n"
+        "print(ray.get(worker.remote()))\n"
+    )
+    try:
+        run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                             env={**os.environ, "RETRIEVAL_TOKEN": "sekrit-456"}, cwd=REPO)
+    finally:
+        shutil.rmtree(ray_dir, ignore_errors=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip().splitlines()[-1] == "('', ('RETRIEVAL_TOKEN',), 'sekrit-456')"
 
 
 def test_the_recipe_installs_the_stopping_manager() -> None:
