@@ -1,8 +1,8 @@
-"""The two-hop lookup agent: a task no policy can solve without calling its tool twice.
+r"""The two-hop lookup agent: a task no policy can solve without calling its tool twice.
 
 A ``LookupWorld`` maps boxes to items and items to codes, all random: ``"box 37"`` →
 ``"item 5821"``, ``"item 5821"`` → ``"code 9304"``. The question "What is the code of the item in
-box 37?" is answered by looking up the box, then the item, then writing ``\\boxed{9304}``; a
+box 37?" is answered by looking up the box, then the item, then writing ``\boxed{9304}``; a
 policy that skips a lookup can only guess one code in 9,000. The agent is a plain Strands agent
 with one ``@tool``, ``lookup(key)``, so its rollouts run through the same runner as the search
 agent's. ``demonstration_script`` answers as a (deliberately imperfect) teacher would, for a warm
@@ -98,21 +98,21 @@ def lookup_world_tools(world_size: int = 1000, seed: int = 0) -> list[Any]:
 
 
 def _boxed_code(answer: str | None) -> str | None:
-    """What the last ``\\boxed{}`` of ``answer`` holds (stripped), or ``None`` without one."""
+    r"""What the last ``\boxed{}`` of ``answer`` holds (stripped), or ``None`` without one."""
     found = _BOXED.findall(answer or "")
     return found[-1].strip() if found else None
 
 
 def score_lookup_answer(answer: str, task: LookupTask) -> float:
-    """1.0 when the last ``\\boxed{}`` of ``answer`` holds the task's code, else 0.0."""
+    r"""1.0 when the last ``\boxed{}`` of ``answer`` holds the task's code, else 0.0."""
     return 1.0 if _boxed_code(answer) == str(task.code) else 0.0
 
 
 def score_lookup_row(task: dict[str, Any], final_answer: str) -> dict[str, float]:
-    """Verl's numbers for one final answer (the scorer ``rllm.training.verl.reward`` calls).
+    r"""Verl's numbers for one final answer (the scorer ``rllm.training.verl.reward`` calls).
 
     ``task["answer"]`` is the row's ground truth, the code; returns ``score`` (1.0 when the last
-    ``\\boxed{}`` holds it, as ``score_lookup_answer``) and ``boxed`` (an answer was found).
+    ``\boxed{}`` holds it, as ``score_lookup_answer``) and ``boxed`` (an answer was found).
     """
     boxed = _boxed_code(final_answer)
     return {"score": 1.0 if boxed is not None and boxed == str(task["answer"]).strip() else 0.0,
@@ -132,7 +132,9 @@ def lookup_verl_rows(tasks: Iterable[LookupTask], split: str, *, agent_name: str
 DEMONSTRATION_KINDS = ("two_hops", "one_hop", "no_tool")
 
 
-def demonstration_script(task: LookupTask, kind: str, rng: random.Random) -> Callable[[list[dict[str, Any]]], dict[str, Any]]:
+def demonstration_script(
+    task: LookupTask, kind: str, rng: random.Random,
+) -> Callable[[list[dict[str, Any]]], dict[str, Any]]:
     """A teacher for ``MessageScriptedEngine``: answers ``task`` as ``kind`` says.
 
     ``two_hops`` looks up the box, then the item, and answers with the code; ``one_hop`` looks

@@ -1,7 +1,8 @@
 """Local training on one machine: rollouts through the verl loop's runner, verl's RLOO math, the learning proof.
 
 ``run_rollouts`` runs Strands agents on a token engine through the runner verl's agent loop uses
-(``run_rollout``) and keeps their exact tokens; ``pad_rollouts`` lays them out as verl pads them; ``LocalRLOOTrainer`` takes RLOO
+(``run_rollout``) and keeps their exact tokens; ``pad_rollouts`` lays them out as verl pads them;
+``LocalRLOOTrainer`` takes RLOO
 steps with verl's advantage, loss and log-prob functions on the module the engine samples from.
 For proofs, debugging and small models; verl (``rllm.training.verl``) is the path for real runs.
 """

@@ -2,7 +2,8 @@
 
 The task is the two-hop lookup (``rllm.agents.lookup``). A small random-init Qwen3 is warm-started
 on imperfect demonstrations (by default 35% look up both hops, 40% stop after the box and answer
-with the item's number, 25% guess without the tool), whose tokens come from the same runner and incremental renderer as the
+with the item's number, 25% guess without the tool), whose tokens come from the same runner and incremental
+renderer as the
 rollouts (a ``MessageScriptedEngine`` plays the teacher). Then RLOO: each step runs
 ``prompts_per_step`` x ``rollouts_per_prompt`` Strands agents concurrently on the
 ``TransformersEngine`` that samples from the very module being trained, pads them as verl's agent
@@ -218,7 +219,8 @@ class LearningProof:
             return scripts[content_text(question)](messages)
 
         engine = MessageScriptedEngine(self.tokenizer, teacher, chat_template_kwargs=CHAT_TEMPLATE_KWARGS)
-        rollouts = self._run(engine, [RolloutRequest(t.question, t.task_id, {"max_tokens": c.max_tokens}) for t in tasks])
+        requests = [RolloutRequest(t.question, t.task_id, {"max_tokens": c.max_tokens}) for t in tasks]
+        rollouts = self._run(engine, requests)
         self._score(rollouts, tasks)
         counts = Counter(kinds)
         logger.info("demonstrations: %s; reward %.2f", dict(counts), statistics.fmean(r.reward for r in rollouts))

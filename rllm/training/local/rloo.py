@@ -62,7 +62,9 @@ class UpdateMetrics:
     updates: int
 
 
-def default_actor_config(prompts_per_step: int, rollouts_per_prompt: int, micro_batch_size: int = 16) -> FSDPActorConfig:
+def default_actor_config(
+    prompts_per_step: int, rollouts_per_prompt: int, micro_batch_size: int = 16,
+) -> FSDPActorConfig:
     """The actor settings of verl, with its defaults, one update per step of ``prompts_per_step`` prompts."""
     return FSDPActorConfig(strategy="fsdp", ppo_mini_batch_size=prompts_per_step, rollout_n=rollouts_per_prompt,
                            ppo_micro_batch_size_per_gpu=micro_batch_size)
@@ -88,7 +90,8 @@ class LocalRLOOTrainer:
         self.actor = actor
         self.temperature = temperature
         optim = actor.optim
-        self.optimizer = optimizer or torch.optim.AdamW(model.parameters(), lr=lr, betas=(float(optim.betas[0]), float(optim.betas[1])),
+        betas = (float(optim.betas[0]), float(optim.betas[1]))
+        self.optimizer = optimizer or torch.optim.AdamW(model.parameters(), lr=lr, betas=betas,
                                                         weight_decay=optim.weight_decay)
         self.policy_loss = get_policy_loss_fn(actor.policy_loss.loss_mode)
 
@@ -156,7 +159,8 @@ class LocalRLOOTrainer:
                 total_loss += float(loss.detach())
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.actor.grad_clip))
             if not math.isfinite(grad_norm):
-                raise FloatingPointError(f"gradient norm is {grad_norm}: the update was skipped; lower the learning rate")
+                raise FloatingPointError(
+                    f"gradient norm is {grad_norm}: the update was skipped; lower the learning rate")
             self.optimizer.step()
             updates += 1
         self.model.eval()

@@ -3,7 +3,8 @@
 verl (0.9.1) builds one agent loop per trajectory from the YAML list named by
 ``actor_rollout_ref.rollout.agent.agent_loop_config_path`` (an entry that only names this class)
 and calls ``run(sampling_params, **row)``. The loop reads its settings from the recipe alone, as
-verl's own loops read ``multi_turn.*`` (see ``loop_settings``). This loop builds a ``StrandsAgent`` over ``RLLMModel(VerlEngine(server_manager))`` for
+verl's own loops read ``multi_turn.*`` (see ``loop_settings``). This loop builds a ``StrandsAgent`` over
+``RLLMModel(VerlEngine(server_manager))`` for
 the row, runs it with ``invoke_async`` and returns the rollout's ``TokenTrace`` as an
 ``AgentLoopOutput``: ``prompt_ids`` is the first rendered prompt, ``response_ids`` everything after
 it (sampled and tool tokens, capped at ``rollout.response_length``), ``response_mask`` 1 exactly on
@@ -264,7 +265,9 @@ class StrandsAgentLoop(AgentLoopBase):
         self.context_length = int(self.rollout_config.get("max_model_len") or self.prompt_length + self.response_length)
         self.use_v1 = bool(OmegaConf.select(self.config, "trainer.use_v1", default=True))
 
-    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput | list[AgentLoopOutput]:
+    async def run(  # type: ignore[override]  # verl's v1 worker stores an empty list as "no trajectory"
+        self, sampling_params: dict[str, Any], **kwargs: Any,
+    ) -> AgentLoopOutput | list[AgentLoopOutput]:
         """Run one rollout of the row; an infrastructure failure yields no trajectory (v1), any other error raises.
 
         A ``RolloutOutcome`` passed as ``rllm_outcome`` (by ``StrandsAgentLoopWorker``) is filled
@@ -355,7 +358,7 @@ class StrandsAgentLoop(AgentLoopBase):
         low = stats.min_global_steps if stats.min_global_steps is not None else row.get("global_steps")
         high = stats.max_global_steps if stats.max_global_steps is not None else low
         if low is not None:
-            extra.update(min_global_steps=int(low), max_global_steps=int(high))
+            extra.update(min_global_steps=int(low), max_global_steps=int(high if high is not None else low))
         tool_seconds = sum(m.total_time for m in agent.event_loop_metrics.tool_metrics.values())
         return AgentLoopOutput(
             **fields,

@@ -118,7 +118,8 @@ class EmbeddedRolloutServer:
         if attention not in {"sdpa", "eager"}:
             attention = "sdpa"  # flash attention is the trainer's business; the engine pads its batches
         model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype, attn_implementation=attention)
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=bool(getattr(model_config, "trust_remote_code", False)))
+        remote_code = bool(getattr(model_config, "trust_remote_code", False))
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=remote_code)
         context = int(config.max_model_len or (int(config.prompt_length) + int(config.response_length)))
         self.engine = TransformersEngine(model, tokenizer, device=self.device,
                                          max_batch_size=int(getattr(config, "max_num_seqs", 0) or 256),
@@ -174,7 +175,7 @@ class EmbeddedRolloutServer:
                            extra_fields=extra)
 
     async def abort_all_requests(self, reject_request: bool = False) -> None:
-        """Abort every request in flight (each leaves the engine's batch with what it sampled); optionally refuse new ones."""
+        """Abort every request in flight (each leaves the batch with what it sampled); optionally refuse new ones."""
         self._rejecting = bool(reject_request)
         self.engine.abort()
 
@@ -319,7 +320,7 @@ def _rollout_base() -> type:
 
 
 class EmbeddedServerAdapter(_rollout_base()):  # type: ignore[misc]
-    """verl's ``BaseRollout`` for the embedded backend, inside each FSDP worker: weights to the server, memory control."""
+    """verl's ``BaseRollout`` for the embedded backend, in each FSDP worker: weights to the server, memory control."""
 
     def __init__(self, config: Any, model_config: Any, device_mesh: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(config, model_config, device_mesh, *args, **kwargs)

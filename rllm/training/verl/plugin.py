@@ -1,4 +1,4 @@
-"""What ``import verl`` loads from rllm, in every process of a run: the embedded rollout backend and the guarded trainer.
+"""What ``import verl`` loads from rllm in every process of a run: the embedded rollout backend and the CPU mode.
 
 rllm declares this module as a ``verl.plugins`` entry point (pyproject.toml), which verl 0.9.1
 imports at the end of ``verl/__init__.py`` in the driver, the task runner and every Ray worker, so a

@@ -96,7 +96,8 @@ class VerlProofResult:
         if self.eval_reward_after < c.min_final:
             problems.append(f"held-out reward ended at {self.eval_reward_after:.3f}, below {c.min_final}")
         if not self.first_logprob_gap_max <= c.max_ratio_dev:
-            problems.append(f"the rollout's log-probs differ from the actor's by up to {self.first_logprob_gap_max:.2e} "
+            gap = self.first_logprob_gap_max
+            problems.append(f"the rollout's log-probs differ from the actor's by up to {gap:.2e} "
                             f"at the first step (> {c.max_ratio_dev}): the rollout does not serve the trained weights")
         return problems
 

@@ -55,7 +55,8 @@ def read_step(batch: Any) -> StepRollouts:
     rollout_lp: list[list[float]] = []
     actor_lp: list[list[float]] = []
     try:
-        logprobs = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=list(_LOGPROB_FIELDS))
+        logprobs = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                                   select_fields=list(_LOGPROB_FIELDS))
     except Exception:  # noqa: BLE001 - no rollout log-probs (calculate_log_probs off): no gap to measure
         logprobs = None
     if logprobs is not None:

@@ -50,6 +50,7 @@ SMOKE_OVERRIDES = [
     "actor_rollout_ref.rollout.n=2",
     "actor_rollout_ref.rollout.agent.num_workers=1",
     "trainer.total_training_steps=2",
+    "trainer.total_epochs=2",  # two steps even when the data holds a single batch
     "trainer.val_before_train=false",
     "trainer.test_freq=-1",
     "trainer.save_freq=-1",
