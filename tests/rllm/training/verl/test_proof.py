@@ -146,7 +146,7 @@ def test_the_verl_proof_runs_through_verls_trainer_and_reports_held_out_reward(t
     assert result.returncode == 0, log[-4000:]
     # verl's own trainer ran, with the guarded task runner and the embedded backend on the CPU platform.
     assert "step 1 guards:" in log and "step 2 guards:" in log
-    assert "embedded rollout server 0" in log and "Platform override from VERL_PLATFORM: cpu" in log
+    assert "LLMServerManager: ['rllm_embedded:0']" in log and "Platform override from VERL_PLATFORM: cpu" in log
     verl_lines = [json.loads(line) for line in (tmp_path / "verl_metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in verl_lines] == [0, 1, 2]
     assert all("val-core/lookup/reward/mean@1" in line["data"] for line in verl_lines)
