@@ -37,7 +37,7 @@ from typing import Any
 
 from rllm.agents.gaia import GaiaWorkflow, scripted_gaia_policy
 from rllm.data.gaia import GAIA_DEMO_DIR, GAIA_LEVELS, load_gaia
-from rllm.errors import InfrastructureFailureRateError, SetupError, SystemicFailureError
+from rllm.eval.exit_codes import stopped_runs
 from rllm.eval.models import add_model_arguments, check_model_arguments, choose_model, open_engine
 from rllm.integrations.strands import Budget
 from rllm.rewards.gaia_reward import gaia_ground_truth
@@ -241,24 +241,15 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"python_exec isolation: {isolation}", highlight=False)
     episodes_path = args.out / "episodes.jsonl"
     started = time.perf_counter()
-    try:
+    with stopped_runs(console, episodes_path, "a rerun with the same --out resumes") as end:
         choice = choose_model(args, console)
         args.out.mkdir(parents=True, exist_ok=True)
         with open_engine(args, choice, scripted_gaia_policy, "scripted (GAIA policy)") as (engine, description):
             console.print(f"model: {description}", highlight=False)
             logger.info("%d GAIA %s tasks from %s; output in %s", len(tasks), args.split, args.data_dir, args.out)
             episodes = asyncio.run(evaluate(args, tasks, engine))
-    except SetupError as error:
-        console.print(f"[red]error:[/red] {error}", highlight=False)
-        return 2
-    except (SystemicFailureError, InfrastructureFailureRateError) as error:
-        console.print(f"[red]run stopped:[/red] {error}\nfinished episodes are kept in {episodes_path}",
-                      highlight=False)
-        return 1
-    except KeyboardInterrupt:
-        console.print(f"interrupted; finished episodes are kept in {episodes_path} "
-                      "and a rerun with the same --out resumes", highlight=False)
-        return 130
+    if end.exit_code is not None:
+        return end.exit_code
     meta = {"model": choice.name, "model_kind": choice.kind, "engine": description,
             "base_url": args.base_url if choice.kind == "endpoint" else None, "scripted": args.scripted,
             "split": args.split, "data_dir": str(args.data_dir), "levels_selected": args.level or list(GAIA_LEVELS),

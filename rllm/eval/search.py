@@ -39,7 +39,8 @@ from rich.console import Console
 
 from rllm.agents.search import DEFAULT_SEARCH_BUDGET, scripted_search_reply, search_workflow_args
 from rllm.data.hotpotqa import load_hotpotqa
-from rllm.errors import InfrastructureFailureRateError, ServerStartError, SetupError, SystemicFailureError
+from rllm.errors import ServerStartError, SetupError
+from rllm.eval.exit_codes import stopped_runs
 from rllm.eval.models import (
     add_model_arguments,
     check_model_arguments,
@@ -154,20 +155,12 @@ def run_search_cli(args: argparse.Namespace, console: Console, log_path: Path, e
     2: a set-up problem (no model, no server); 1: the run stopped itself (the same error ended
     several rollouts, or too many failed on infrastructure), what finished kept; 130: Ctrl-C.
     """
-    try:
+    with stopped_runs(console, episodes_path, resume_hint) as end:
         with model_and_retrieval(args, log_path, console) as (engine, description, url):
             console.print(announce(description) + f", retrieval {url}", highlight=False)
             return asyncio.run(run_search_eval(args, engine, url, episodes_path))
-    except SetupError as error:
-        console.print(f"[bold red]error:[/bold red] {error}", highlight=False)
-        return 2
-    except (SystemicFailureError, InfrastructureFailureRateError) as error:
-        console.print(f"[bold red]run stopped:[/bold red] {error}\nfinished episodes are kept in {episodes_path}",
-                      highlight=False)
-        return 1
-    except KeyboardInterrupt:
-        console.print(f"interrupted: finished episodes are kept in {episodes_path}; {resume_hint}")
-        return 130
+    assert end.exit_code is not None
+    return end.exit_code
 
 
 def add_search_arguments(parser: argparse.ArgumentParser, *, max_tokens: int) -> None:

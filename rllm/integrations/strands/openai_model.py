@@ -26,6 +26,7 @@ from strands.types.tools import ToolChoice, ToolSpec
 from typing_extensions import Unpack, override
 
 from rllm.engine.rollout.openai_engine import is_context_overflow, parse_chat_completion
+from rllm.errors import EngineUnavailableError
 from rllm.integrations.strands._cancel import cancelled_output, unless_cancelled
 from rllm.integrations.strands._format import format_messages, output_events
 from rllm.integrations.strands.hooks import MalformedCallGuard
@@ -97,6 +98,9 @@ class NonStreamingOpenAIModel(OpenAIModel):
                 client_error = isinstance(error, openai.APIStatusError) and error.status_code < 500
                 if client_error and is_context_overflow(error):  # a 5xx saying "too long" is the server's failure
                     raise ContextWindowOverflowException(str(error)) from error
+                if not client_error:  # 5xx, timeout, connection: the server failed, not the policy (masked)
+                    raise EngineUnavailableError(f"chat completion failed after the client's retries: {error}",
+                                                 url=str(client.base_url), cause=type(error).__name__) from error
                 raise
         if response is None:  # cancelled: the connection was closed, so the server aborts the request
             record_model_call(invocation_state, ModelCall(messages=request["messages"], tools=request.get("tools", []),

@@ -14,7 +14,8 @@ from fixtures.strands_agents import (
 from strands import Agent, tool
 from strands.models.openai import OpenAIModel
 
-from rllm.integrations.strands import NonStreamingOpenAIModel, StrandsAgent
+from rllm.errors import exception_chain
+from rllm.integrations.strands import NonStreamingOpenAIModel, StrandsAgent, termination_reason_for
 from rllm.testing.scripted_server import ScriptedReply, ScriptedToolCall
 from rllm.types import TerminationReason
 
@@ -97,7 +98,23 @@ async def test_a_server_error_that_says_too_long_is_not_a_context_overflow(serve
                                     model_id="m")
     agent = StrandsAgent(model)
 
-    with pytest.raises(openai.InternalServerError):
+    with pytest.raises(Exception) as caught:
         await agent.invoke_async("hi")
 
     assert agent.termination_reason is not TerminationReason.CONTEXT_OVERFLOW
+    # A 5xx is the server's failure: infrastructure, masked in training, never a bug that stops the run.
+    assert termination_reason_for(caught.value) is TerminationReason.ENGINE_ERROR
+    assert any(isinstance(e, openai.InternalServerError) for e in exception_chain(caught.value))
+
+
+async def test_a_dead_server_is_an_engine_failure_not_a_bug() -> None:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    model = NonStreamingOpenAIModel(client_args={"base_url": closed, "api_key": "x", "max_retries": 0}, model_id="m")
+    agent = StrandsAgent(model)
+    with pytest.raises(Exception) as caught:
+        await agent.invoke_async("hi")
+    assert termination_reason_for(caught.value) is TerminationReason.ENGINE_ERROR
