@@ -106,6 +106,15 @@ class ProofConfig:
         base.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**base)
 
+    def reward_failures(self, before: float, after: float) -> list[str]:
+        """Why a held-out reward going from ``before`` to ``after`` fails the proof (both trainers' rule)."""
+        problems = []
+        if after - before < self.min_rise:
+            problems.append(f"held-out reward rose by {after - before:.3f}, less than {self.min_rise}")
+        if after < self.min_final:
+            problems.append(f"held-out reward ended at {after:.3f}, below {self.min_final}")
+        return problems
+
 
 @dataclass
 class ProofResult:
@@ -123,12 +132,8 @@ class ProofResult:
     @property
     def failures(self) -> list[str]:
         """Why the proof failed; empty when it passed."""
-        c, problems = self.config, []
-        rise = self.eval_reward_after - self.eval_reward_before
-        if rise < c.min_rise:
-            problems.append(f"held-out reward rose by {rise:.3f}, less than {c.min_rise}")
-        if self.eval_reward_after < c.min_final:
-            problems.append(f"held-out reward ended at {self.eval_reward_after:.3f}, below {c.min_final}")
+        c = self.config
+        problems = c.reward_failures(self.eval_reward_before, self.eval_reward_after)
         if self.first_ratio_max_dev > c.max_ratio_dev:
             problems.append(f"policy ratio at the first update deviates from 1 by {self.first_ratio_max_dev:.2e} "
                             f"(> {c.max_ratio_dev}): the trainer does not see the sampler's log-probs")

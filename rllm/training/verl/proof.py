@@ -90,11 +90,7 @@ class VerlProofResult:
         if math.isnan(self.eval_reward_before) or math.isnan(self.eval_reward_after):
             problems.append(f"verl logged no held-out reward ({VAL_PREFIX}{c.eval_samples}) before or after training")
             return problems
-        rise = self.eval_reward_after - self.eval_reward_before
-        if rise < c.min_rise:
-            problems.append(f"held-out reward rose by {rise:.3f}, less than {c.min_rise}")
-        if self.eval_reward_after < c.min_final:
-            problems.append(f"held-out reward ended at {self.eval_reward_after:.3f}, below {c.min_final}")
+        problems += c.reward_failures(self.eval_reward_before, self.eval_reward_after)
         if not self.first_logprob_gap_max <= c.max_ratio_dev:
             gap = self.first_logprob_gap_max
             problems.append(f"the rollout's log-probs differ from the actor's by up to {gap:.2e} "

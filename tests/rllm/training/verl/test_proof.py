@@ -168,3 +168,25 @@ def test_the_verl_proof_runs_through_verls_trainer_and_reports_held_out_reward(t
     assert {"config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja"} <= {
         p.name for p in (tmp_path / "warm_start_model").iterdir()}
     assert Path(tmp_path / "metrics.jsonl").read_text().count("\n") == 3
+
+
+@pytest.mark.parametrize(("before", "after", "gap", "expected"), [
+    (0.35, 0.80, 1e-5, []),
+    (0.55, 0.75, 1e-5, ["rose by 0.200"]),
+    (0.60, 0.65, 1e-5, ["rose by 0.050", "ended at 0.650"]),
+    (0.35, 0.80, 0.2, ["does not serve the trained weights"]),
+    (math.nan, 0.80, 1e-5, ["no held-out reward"]),
+])
+def test_the_verl_proof_fails_by_the_local_proofs_rule(tmp_path, before, after, gap, expected) -> None:
+    """The same thresholds judge both trainers: too small a rise, too low an end, a stale rollout, no validation."""
+    from rllm.training.verl.proof import VerlProofResult
+
+    config = ProofConfig.for_device("cpu")
+    result = VerlProofResult(config=config, eval_reward_before=before, eval_reward_after=after,
+                             first_logprob_gap_max=gap, steps=config.rl_steps, seconds=1.0, warm_start_seconds=0.5,
+                             verl_seconds=0.5, returncode=0, log_path=tmp_path / "verl.log")
+
+    assert result.passed == (not expected)
+    assert len(result.failures) == len(expected)
+    for failure, words in zip(result.failures, expected, strict=True):
+        assert words in failure
