@@ -52,6 +52,7 @@ from rllm.tokens.renderer import content_text
 from rllm.training.local.batch import pad_rollouts
 from rllm.training.local.rloo import LocalRLOOTrainer, default_actor_config
 from rllm.training.local.rollouts import Rollout, RolloutRequest, run_rollouts
+from rllm.training.local.warm_start import warm_start
 
 logger = logging.getLogger(__name__)
 
@@ -232,16 +233,13 @@ class LearningProof:
         return rollouts
 
     def warm_start(self, demos: Sequence[Rollout]) -> list[float]:
-        """Supervised steps on random batches of ``demos``; the losses."""
+        """Supervised steps on random batches of ``demos`` (``rllm.training.local.warm_start``); the losses.
+
+        The trainer's optimizer takes them, at ``warm_lr``, so RL starts from its moments.
+        """
         c = self.config
-        batch = pad_rollouts([d.fields for d in demos], pad_token_id=self.tokenizer.pad_token_id)
-        losses = []
-        for step in range(1, c.warm_steps + 1):
-            rows = self.rng.sample(range(len(demos)), min(c.warm_batch, len(demos)))
-            losses.append(self.trainer.supervised_step(batch.select(rows)))
-            if step % 50 == 0 or step == c.warm_steps:
-                logger.info("warm start: step %d/%d, loss %.3f", step, c.warm_steps, statistics.fmean(losses[-50:]))
-        return losses
+        return warm_start(self.model, demos, steps=c.warm_steps, batch_size=c.warm_batch, lr=c.warm_lr,
+                          seed=self.rng.randrange(2**31), optimizer=self.trainer.optimizer)
 
     # ------------------------------------------------------------------------------------------ RL
     def rl_step(self, step: int) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from verl.trainer.ppo.core_algos import agg_loss, compute_rloo_outcome_advantage, get_policy_loss_fn
+from verl.trainer.ppo.core_algos import compute_rloo_outcome_advantage, get_policy_loss_fn
 from verl.utils.torch_functional import logprobs_from_logits, masked_mean
 from verl.workers.config import FSDPActorConfig
 
@@ -175,24 +175,3 @@ class LocalRLOOTrainer:
             tokens=int(mask.sum()),
             updates=updates,
         )
-
-    def supervised_step(self, batch: RolloutBatch) -> float:
-        """One step of next-token cross-entropy on the sampled tokens (a warm start), as verl's SFT loss.
-
-        The loss is ``agg_loss`` (token-mean) of the negative log-probs over ``response_mask``.
-        """
-        self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        tokens = int(batch.response_mask.sum())
-        total = 0.0
-        for part in self._micro_slices(len(batch)):
-            log_prob = self._log_probs(batch.select(part))
-            mask = batch.response_mask[part].to(log_prob.device)
-            loss = agg_loss(-log_prob, mask, "token-mean", batch_num_tokens=tokens)
-            loss.backward()
-            total += float(loss.detach())
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.actor.grad_clip)
-        self.optimizer.step()
-        self.model.eval()
-        return total
-
