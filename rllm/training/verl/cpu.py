@@ -38,6 +38,17 @@ CPU_SWITCH = "RLLM_VERL_CPU"
 CPU_ENV = {CPU_SWITCH: "1", "VERL_PLATFORM": "cpu", "VERL_ENGINE_DEVICE": "cuda"}
 """What every process of a CPU run needs in its environment (Ray workers inherit the driver's)."""
 
+
+def cpu_environment() -> dict[str, str]:
+    """``CPU_ENV``, and ``OMP_NUM_THREADS`` set to this machine's cores unless the caller's environment sets it.
+
+    Ray starts every actor that names no CPUs (verl's FSDP workers, the rollout server) with
+    ``OMP_NUM_THREADS=1`` unless the driver's environment sets it, which leaves torch one thread
+    per process: on a 2-core machine half of it, for the actor's update and the rollouts alike
+    (they never run at once in verl's synchronous trainer).
+    """
+    return {**CPU_ENV, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS") or str(os.cpu_count() or 1)}
+
 CPU_OVERRIDES = [
     "trainer.n_gpus_per_node=1",
     "trainer.nnodes=1",
@@ -51,9 +62,17 @@ CPU_OVERRIDES = [
     "actor_rollout_ref.rollout.dtype=float32",
     "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32",
     "actor_rollout_ref.rollout.agent.num_workers=1",
+    "reward.num_workers=1",
+    "actor_rollout_ref.actor.fsdp_config.use_torch_compile=false",
+    "actor_rollout_ref.model.use_remove_padding=false",
 ]
 """Hydra overrides that fit a recipe to one CPU process: one logical GPU, one storage unit, sdpa,
-FSDP2, the embedded rollout backend in fp32 (fp16 does not work on CPU: see ``check_precision``)."""
+FSDP2, the embedded rollout backend in fp32 (fp16 does not work on CPU: see ``check_precision``).
+And three that cost a 2-core machine most of a step (measured: README, "verl's step on a CPU"): one
+reward worker, not verl's 8 (each a Python process importing verl and torch at start-up); no
+``torch.compile`` of the entropy function (inductor compiles C++ on the first step); and padded
+rather than packed micro-batches (``use_remove_padding``: packed rows share one attention call under
+``sdpa``, whose cost grows with the square of the whole micro-batch's length)."""
 
 
 def cpu_mode() -> bool:

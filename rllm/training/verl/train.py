@@ -202,9 +202,9 @@ def main(argv: list[str] | None = None) -> None:
                 sys.exit(f"{SMOKE_FLAG}: no GPU here; add {CPU_FLAG} to run the smoke steps on the CPU")
         overrides = [*SMOKE_OVERRIDES, *overrides]
     if CPU_FLAG in args:  # before verl is imported: its plugin reads the switch at import
-        from rllm.training.verl.cpu import CPU_ENV, CPU_OVERRIDES
+        from rllm.training.verl.cpu import CPU_OVERRIDES, cpu_environment
 
-        os.environ.update(CPU_ENV)
+        os.environ.update(cpu_environment())
         overrides = [*CPU_OVERRIDES, *overrides]
     args = overrides
     if dry_run:  # print only: no Hydra output directory, log file or logging setup
