@@ -25,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-import struct
 from collections.abc import Iterable
 from typing import Any
 
@@ -59,20 +58,21 @@ def server_name(replica_rank: int) -> str:
 
 
 class WeightChecksum:
-    """An exact digest of named tensors: per tensor its name, shape, dtype and float64 sum and sum of squares.
+    """An exact digest of named tensors: sha256 over each tensor's name, shape, dtype and raw bytes, by name.
 
-    Both ends compute it on CPU over the same values in the same order, so equal weights give equal
-    digests bit for bit and a stale or partly loaded model does not.
+    Both ends hash the same values in the serving dtype, so equal weights give equal digests bit for
+    bit, whatever the thread count or device, and a stale, partly loaded or permuted tensor does not.
     """
 
     def __init__(self) -> None:
         self._parts: dict[str, bytes] = {}
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
-        values = tensor.detach().to("cpu", torch.float64)
-        self._parts[name] = b"%s|%s|%s|" % (name.encode(), str(tuple(values.shape)).encode(),
-                                             str(tensor.dtype).encode()) + struct.pack(
-            "<dd", float(values.sum()), float((values * values).sum()))
+        values = tensor.detach().to("cpu").contiguous()
+        digest = hashlib.sha256(b"%s|%s|%s|" % (name.encode(), str(tuple(values.shape)).encode(),
+                                                str(values.dtype).encode()))
+        digest.update(values.view(torch.uint8).numpy().tobytes() if values.numel() else b"")
+        self._parts[name] = digest.digest()
 
     @property
     def hexdigest(self) -> str:
