@@ -44,7 +44,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
 
 from rllm.engine.rollout.verl_engine import VerlEngine, VerlSession
-from rllm.integrations.strands import Budget, StrandsAgent, describe_failure
+from rllm.integrations.strands import Budget, RLLMModel, StrandsAgent, describe_failure
 from rllm.integrations.strands.rollout import FinishedRollout, build_agent, run_rollout
 from rllm.parser import get_tool_parser
 from rllm.tokens.renderer import content_text
@@ -93,6 +93,8 @@ class LoopSettings:
             own backend failures by raising ``rllm.errors.ToolBackendError`` (as ``local_search``
             does); name a third-party exception (``httpx.TransportError``) only when it can never
             be the policy's doing.
+        max_tokens_per_turn: Most tokens one model call may sample (Strands' model ``params``
+            ``max_tokens``); ``None``: whatever is left of ``response_length``.
     """
 
     tool_factory: str
@@ -102,9 +104,11 @@ class LoopSettings:
     tool_parser: str
     timeout_s: float | None
     infra_exceptions: tuple[type[BaseException], ...]
+    max_tokens_per_turn: int | None = None
 
 
-_BLOCK_KEYS = ("tool_factory", "tool_kwargs", "system_prompt", "budget", "timeout_s", "infra_exceptions")
+_BLOCK_KEYS = ("tool_factory", "tool_kwargs", "system_prompt", "budget", "timeout_s", "infra_exceptions",
+               "max_tokens_per_turn")
 
 
 def _budget(value: Any) -> Budget:
@@ -163,6 +167,9 @@ def loop_settings(config: Any) -> LoopSettings:
     except ValueError as error:
         raise ValueError(f"{MULTI_TURN_KEY}.format: {error}") from None
     timeout = values.get("timeout_s")
+    per_turn = values.get("max_tokens_per_turn")
+    if per_turn is not None and int(per_turn) < 1:
+        raise ValueError(f"{SETTINGS_KEY}.max_tokens_per_turn must be at least 1 (or null), got {per_turn}")
     return LoopSettings(
         tool_factory=str(values["tool_factory"]),
         tool_kwargs=dict(values.get("tool_kwargs") or {}),
@@ -171,6 +178,7 @@ def loop_settings(config: Any) -> LoopSettings:
         tool_parser=tool_parser,
         timeout_s=None if timeout is None else float(timeout),
         infra_exceptions=tuple(import_object(path) for path in values.get("infra_exceptions") or ()),
+        max_tokens_per_turn=None if per_turn is None else int(per_turn),
     )
 
 
@@ -320,8 +328,9 @@ class StrandsAgentLoop(AgentLoopBase):
         exported with ``TokenTrace.to_verl`` at ``response_length``.
         """
         system, conversation = split_prompt(kwargs["raw_prompt"])
+        params = {} if self.settings.max_tokens_per_turn is None else {"max_tokens": self.settings.max_tokens_per_turn}
         agent = build_agent(
-            self.build_engine(sampling_params),
+            RLLMModel(self.build_engine(sampling_params), params=params),
             tools=build_tools(self.settings.tool_factory, self.settings.tool_kwargs),
             system_prompt=self._system_prompt(system),
             budget=self.settings.budget,

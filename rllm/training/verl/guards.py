@@ -5,8 +5,11 @@ step from the batch verl trained on, logged beside verl's own metrics under ``rl
 checked against the recipe's ``rllm.guards`` block (on by default; ``null`` turns one off):
 
 * ``max_logprob_gap``: the mean |log-prob the rollout sampled with - log-prob the actor computes|
-  over sampled tokens. Far apart, the served weights are not the trained ones (a sync that never
-  arrived, a LoRA adapter never merged, a template or tokenizer mismatch). Stop.
+  over sampled tokens, before the update. Far apart, the served weights are not the trained ones (a
+  sync that never arrived, a LoRA adapter never merged, a template or tokenizer mismatch). Stop.
+  verl's decoupled mode recomputes every rollout's log-probs, so all are compared; in its bypass mode
+  (``algorithm.rollout_correction.bypass_mode``, the recipes' default: the update uses the sampler's
+  exact log-probs) the actor recomputes them for ``logprob_audit_rollouts`` rollouts of the step.
 * ``min_rollouts_per_group``: RLOO's baseline needs ``rollout.n >= 2``; a group of one turns it into
   plain REINFORCE with no baseline (refused at launch, and any step with a group smaller than
   this stops).
@@ -54,6 +57,8 @@ class GuardSettings:
 
     Attributes:
         max_logprob_gap: Largest mean |rollout - actor| log-prob over sampled tokens.
+        logprob_audit_rollouts: With verl's bypass mode (no recomputed log-probs), the rollouts of each
+            step whose log-probs the actor recomputes for the gap (rounded up to the data-parallel size).
         min_rollouts_per_group: Fewest rollouts a group (verl ``uid``) may have.
         max_truncated_share: Largest share of responses cut at ``response_length``.
         max_steps_without_signal: Steps in a row with a constant reward in every group before stopping.
@@ -61,6 +66,7 @@ class GuardSettings:
     """
 
     max_logprob_gap: float | None = 0.1
+    logprob_audit_rollouts: int = 16
     min_rollouts_per_group: int | None = 2
     max_truncated_share: float | None = 0.5
     max_steps_without_signal: int | None = 3
@@ -112,6 +118,7 @@ def step_metrics(rollouts: StepRollouts) -> dict[str, float]:
     gaps = [abs(a - b) for rollout, actor in zip(rollouts.rollout_logprobs, rollouts.actor_logprobs, strict=True)
             for a, b in zip(rollout, actor, strict=True)]
     if gaps:
+        metrics[f"{PREFIX}logprob_gap_rollouts"] = float(len(rollouts.rollout_logprobs))
         metrics[f"{PREFIX}logprob_gap_mean"] = sum(gaps) / len(gaps)
         metrics[f"{PREFIX}logprob_gap_max"] = max(gaps)
     if rollouts.truncated:

@@ -11,6 +11,8 @@ into verl's public ``TRAINER_REGISTRY`` in the runner's own process only.
 from __future__ import annotations
 
 import logging
+import time
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -31,7 +33,10 @@ from rllm.training.verl.plugin import BACKEND_NAME
 logger = logging.getLogger(__name__)
 
 _STEP_FIELDS = ("uid", "rm_scores", "response_mask")
-_LOGPROB_FIELDS = ("rollout_log_probs", "old_log_probs")
+ROLLOUT_SECONDS = "timing_s/rllm_rollouts"
+"""Seconds a step spent generating its rollouts (verl's ``timing_s/gen`` times only the replay buffer's sampling)."""
+BYPASS_KEY = "algorithm.rollout_correction.bypass_mode"
+"""verl's switch that trains against the rollout's own log-probs instead of recomputing them with the actor."""
 
 
 def _rows(value: Any) -> list[Any]:
@@ -43,47 +48,84 @@ def _rows(value: Any) -> list[Any]:
     return list(value)
 
 
-def read_step(batch: Any) -> StepRollouts:
+def _kept(batch: Any) -> list[str]:
+    """The keys of the batch's real rollouts (verl pads a batch with rows tagged ``is_padding``)."""
+    return [key for key, tag in zip(batch.keys, batch.tags, strict=True) if not tag.get("is_padding", False)]
+
+
+@dataclass
+class LogProbPairs:
+    """Per rollout, the log-probs its sampled tokens were sampled with and the actor's for the same tokens."""
+
+    rollout: list[list[float]]
+    actor: list[list[float]]
+
+
+def _pairs(sampled: Any, actor: Any, masks: Any) -> LogProbPairs:
+    pairs = LogProbPairs([], [])
+    for mask, rollout_lp, actor_lp in zip(_rows(masks), _rows(sampled), _rows(actor), strict=True):
+        picked = mask.bool()
+        length = min(len(picked), len(rollout_lp), len(actor_lp))
+        pairs.rollout.append(rollout_lp[:length][picked[:length]].tolist())
+        pairs.actor.append(actor_lp[:length][picked[:length]].tolist())
+    return pairs
+
+
+def read_logprob_pairs(batch: Any) -> LogProbPairs:
+    """Every real rollout's sampled and actor log-probs, after verl recomputed them (``old_log_probs``)."""
+    import transfer_queue as tq
+
+    keys = _kept(batch)
+    data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id,
+                           select_fields=["rollout_log_probs", "old_log_probs", "response_mask"])
+    return _pairs(data["rollout_log_probs"], data["old_log_probs"], data["response_mask"])
+
+
+def audit_logprob_pairs(worker_group: Any, batch: Any, rollouts: int, temperature: float) -> LogProbPairs:
+    """The actor's log-probs recomputed for ``rollouts`` of the batch (rounded to the data-parallel size).
+
+    verl's bypass mode trains against the rollout's own log-probs, so nothing compares them with the
+    actor's; this asks the actor (verl's ``compute_log_prob``) for the first rollouts' log-probs, as
+    verl's decoupled mode does for all of them, before the update.
+    """
+    import transfer_queue as tq
+    from verl.workers.utils.padding import response_from_nested
+
+    keys = _kept(batch)
+    size = max(int(getattr(worker_group, "world_size", 1) or 1), 1)
+    count = min(len(keys), -(-max(rollouts, 1) // size) * size)
+    count -= count % size
+    if count == 0:
+        return LogProbPairs([], [])
+    sample = batch.select_keys(keys[:count])
+    sample.extra_info.update({"calculate_entropy": False, "compute_loss": False, "temperature": temperature})
+    worker_group.compute_log_prob(sample)
+    data = tq.kv_batch_get(keys=sample.keys, partition_id=sample.partition_id,
+                           select_fields=["log_probs", "rollout_log_probs", "response_mask"])
+    actor = response_from_nested(data["log_probs"], data["response_mask"])
+    return _pairs(data["rollout_log_probs"], actor, data["response_mask"])
+
+
+def read_step(batch: Any, logprobs: LogProbPairs | None = None) -> StepRollouts:
     """What the guards need of a step's batch, read from verl's TransferQueue (padding rows left out)."""
     import transfer_queue as tq
 
-    keep = [not tag.get("is_padding", False) for tag in batch.tags]
-    data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=list(_STEP_FIELDS))
-    masks = [m.bool() for m in _rows(data["response_mask"])]
+    keys = _kept(batch)
+    data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=list(_STEP_FIELDS))
     rewards = [float(r.sum()) for r in _rows(data["rm_scores"])]
     groups = _rows(data["uid"])
-    rollout_lp: list[list[float]] = []
-    actor_lp: list[list[float]] = []
-    try:
-        logprobs = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
-                                   select_fields=list(_LOGPROB_FIELDS))
-    except Exception:  # noqa: BLE001 - no rollout log-probs (calculate_log_probs off): no gap to measure
-        logprobs = None
-    if logprobs is not None:
-        for mask, sampled, actor in zip(masks, _rows(logprobs["rollout_log_probs"]), _rows(logprobs["old_log_probs"]),
-                                        strict=True):
-            length = min(len(mask), len(sampled), len(actor))
-            picked = mask[:length]
-            rollout_lp.append(sampled[:length][picked].tolist())
-            actor_lp.append(actor[:length][picked].tolist())
     truncated: list[bool] = []
     tool_calls: list[float | None] = []
-    try:
-        extras = _rows(tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
-                                       select_fields=["extra_fields"])["extra_fields"])
-    except Exception:  # noqa: BLE001 - an agent loop that reports no extra fields
-        extras = []
+    extras = _rows(tq.kv_batch_get(keys=keys, partition_id=batch.partition_id,
+                                   select_fields=["extra_fields"])["extra_fields"])
     for extra in extras:
         extra = extra if isinstance(extra, dict) else {}
         truncated.append(bool(extra.get("response_truncated", False)))
         calls = extra.get("num_tool_calls")
         tool_calls.append(None if calls is None else float(calls))
-
-    def kept(values: list[Any]) -> list[Any]:
-        return [v for v, k in zip(values, keep, strict=False) if k] if len(values) == len(keep) else values
-
-    return StepRollouts(groups=kept(groups), rewards=kept(rewards), rollout_logprobs=kept(rollout_lp),
-                        actor_logprobs=kept(actor_lp), truncated=kept(truncated), tool_calls=kept(tool_calls))
+    return StepRollouts(groups=groups, rewards=rewards,
+                        rollout_logprobs=logprobs.rollout if logprobs else [],
+                        actor_logprobs=logprobs.actor if logprobs else [], truncated=truncated, tool_calls=tool_calls)
 
 
 def weight_sync_metrics() -> dict[str, float]:
@@ -131,8 +173,33 @@ def guarded_trainer_class(base: type) -> type:
                 tracker.log(data=dict(metrics), step=self.global_steps)
             raise error
 
+        def prepare_step(self) -> dict:
+            started = time.perf_counter()
+            metrics = dict(super().prepare_step() or {})
+            metrics[ROLLOUT_SECONDS] = time.perf_counter() - started  # verl's "gen" times only the sampling
+            return metrics
+
+        def _compute_old_log_prob(self, batch: Any, metrics: dict) -> Any:
+            batch = super()._compute_old_log_prob(batch, metrics)
+            self._logprobs: LogProbPairs | None = None
+            if self._guards.settings.max_logprob_gap is None:
+                return batch
+            if not OmegaConf.select(self.config, "actor_rollout_ref.rollout.calculate_log_probs", default=True):
+                self._stop(TrainingGuardError(
+                    f"step {self.global_steps}: the rollout returns no log-probs "
+                    "(actor_rollout_ref.rollout.calculate_log_probs=false), so the served weights cannot be compared "
+                    "with the trained ones: set it to true, or turn the guard off (rllm.guards.max_logprob_gap=null)",
+                    step=self.global_steps), metrics)
+            if OmegaConf.select(self.config, BYPASS_KEY, default=False):
+                self._logprobs = audit_logprob_pairs(
+                    self.actor_rollout_wg, batch, self._guards.settings.logprob_audit_rollouts,
+                    float(self.config.actor_rollout_ref.rollout.temperature))
+            else:
+                self._logprobs = read_logprob_pairs(batch)
+            return batch
+
         def _compute_advantage(self, batch: Any, metrics: dict) -> Any:
-            metrics.update(step_metrics(read_step(batch)))
+            metrics.update(step_metrics(read_step(batch, getattr(self, "_logprobs", None))))
             try:
                 self._guards.check_rollouts(self.global_steps, metrics)
             except TrainingGuardError as error:

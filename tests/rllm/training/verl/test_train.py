@@ -39,6 +39,7 @@ ADDED_KEYS = {
     "reward.custom_reward_function.reward_kwargs.scorer": "rllm.training.verl.reward.compute_score",
     "reward.custom_reward_function.reward_kwargs.partial_credit": "rllm.agents.search.score_search_answer",
     "rllm.guards.max_logprob_gap": "rllm.training.verl.guards.GuardSettings (GuardedTaskRunner)",
+    "rllm.guards.logprob_audit_rollouts": "rllm.training.verl.runner audit_logprob_pairs (bypass mode)",
     "rllm.guards.min_rollouts_per_group": "rllm.training.verl.guards.GuardSettings, check_launch",
     "rllm.guards.max_truncated_share": "rllm.training.verl.guards.GuardSettings",
     "rllm.guards.max_steps_without_signal": "rllm.training.verl.guards.GuardSettings",
@@ -50,6 +51,7 @@ ADDED_KEYS = {
     "rllm.agent_loop.budget": "rllm.training.verl.agent_loop.loop_settings",
     "rllm.agent_loop.timeout_s": "rllm.training.verl.agent_loop.loop_settings",
     "rllm.agent_loop.infra_exceptions": "rllm.training.verl.agent_loop.loop_settings",
+    "rllm.agent_loop.max_tokens_per_turn": "rllm.training.verl.agent_loop.loop_settings",
     "actor_rollout_ref.rollout.agent.agent_loop_manager_class": "verl.trainer.main_ppo TaskRunnerV1 (RolloutConfig)",
     "data.apply_chat_template_kwargs.enable_thinking": "chat template (RLHFDataset, StrandsAgentLoop)",
 }
