@@ -1,11 +1,11 @@
 """The main job: the Strands HotpotQA search agent end to end (run it with ``bash scripts/quickstart.sh``).
 
-The pipeline lives in ``rllm.eval.quickstart``; ``--help`` lists the options.
+The pipeline lives in ``rllm.eval.search_quickstart``; ``--help`` lists the options.
 """
 
 import sys
 
-from rllm.eval.quickstart import main
+from rllm.eval.search_quickstart import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -21,6 +21,7 @@ from strands import tool
 
 from rllm.data.verl_rows import AGENT_NAME, verl_row
 from rllm.integrations.strands import Budget
+from rllm.rewards.base import RewardOutput
 
 LOOKUP_SYSTEM_PROMPT = "Use the lookup tool. Answer with the code in \\boxed{}."
 LOOKUP_BUDGET = Budget(max_model_turns=4, max_tool_calls=4)
@@ -117,6 +118,18 @@ def score_lookup_row(task: dict[str, Any], final_answer: str) -> dict[str, float
     boxed = _boxed_code(final_answer)
     return {"score": 1.0 if boxed is not None and boxed == str(task["answer"]).strip() else 0.0,
             "boxed": float(boxed is not None)}
+
+
+def lookup_task_rows(tasks: Iterable[LookupTask]) -> list[dict[str, Any]]:
+    """``tasks`` as the task dicts ``AgentWorkflowEngine`` runs: id, question, the code as answer, the box."""
+    return [{"id": t.task_id, "question": t.question, "answer": str(t.code), "box": t.box} for t in tasks]
+
+
+def lookup_reward(task: dict[str, Any], final_answer: str) -> RewardOutput:
+    r"""The lookup reward for ``StrandsWorkflow``: 1.0 when the last ``\boxed{}`` holds ``task["answer"]``."""
+    scores = score_lookup_row(task, final_answer)
+    return RewardOutput(reward=scores["score"], is_correct=scores["score"] == 1.0,
+                        metadata={"boxed": _boxed_code(final_answer), "answer": task["answer"]})
 
 
 def lookup_verl_rows(tasks: Iterable[LookupTask], split: str, *, agent_name: str = AGENT_NAME) -> list[dict[str, Any]]:

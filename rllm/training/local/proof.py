@@ -74,7 +74,7 @@ class ProofConfig:
     seed: int = 0
     vocab: str = "qwen-8k"
     hidden_size: int = 256
-    num_layers: int = 4
+    num_layers: int = 2
     world_size: int = 1000
     held_out: int = 64
     eval_samples: int = 2
@@ -82,7 +82,7 @@ class ProofConfig:
     demonstrations: int = 512
     demonstration_mix: tuple[float, float, float] = (0.35, 0.4, 0.25)
     """Shares of the demonstrations that look up both hops, stop after one, and use no tool."""
-    warm_steps: int = 400
+    warm_steps: int = 250
     warm_batch: int = 32
     warm_lr: float = 1e-3
     rl_steps: int = 50
@@ -92,7 +92,7 @@ class ProofConfig:
     temperature: float = 1.0
     max_tokens: int = 48
     response_length: int = 320
-    micro_batch_size: int = 16
+    micro_batch_size: int = 8
     eval_every: int = 5
     min_rise: float = 0.25
     min_final: float = 0.7

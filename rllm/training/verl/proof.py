@@ -12,9 +12,8 @@ metric its file logger (``VERL_FILE_LOGGER_PATH``) writes.
 
 The settings are the local proof's ``ProofConfig`` mapped onto the recipe (``verl_overrides``).
 What verl does differently: a fresh AdamW for RL (the local trainer keeps the warm start's moments),
-no per-turn token cap (each turn may use what is left of ``response_length``; the local proof caps
-a turn at ``max_tokens``), unseeded held-out samples, and the rollout-vs-actor check on log-probs
-(``rllm/guard/logprob_gap_max`` of the first step) instead of the policy ratio.
+unseeded held-out samples, and the rollout-vs-actor check on log-probs (``rllm/guard/logprob_gap_max``
+of the first step, on the rollouts the gap guard audits) instead of the policy ratio.
 
 It is the one module under ``rllm.training.verl`` that names an agent: the proof's task.
 """
@@ -128,8 +127,9 @@ def verl_overrides(config: ProofConfig, model_dir: Path, data_dir: Path, out_dir
 
     Mapped: boxes per step (``train_batch_size``, one optimizer step per RL step), rollouts per box,
     the RL learning rate, temperature (training and validation), samples per held-out box
-    (``val_kwargs.n``), response length, micro-batch, steps, evaluation interval, the world the
-    rows come from and the seed (data order). The warm start's settings stay in this process.
+    (``val_kwargs.n``), response length, tokens per model call, micro-batch, steps, evaluation
+    interval, the world the rows come from and the seed (data order). The warm start's settings
+    stay in this process.
     """
     return [
         f"actor_rollout_ref.model.path={model_dir.resolve()}",
@@ -148,6 +148,7 @@ def verl_overrides(config: ProofConfig, model_dir: Path, data_dir: Path, out_dir
         f"actor_rollout_ref.actor.ppo_mini_batch_size={config.prompts_per_step}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={config.micro_batch_size}",
         f"actor_rollout_ref.actor.optim.lr={config.rl_lr}",
+        f"rllm.agent_loop.max_tokens_per_turn={config.max_tokens}",
         f"trainer.total_training_steps={config.rl_steps}",
         f"trainer.test_freq={config.eval_every}",
         f"trainer.default_local_dir={(out_dir / 'checkpoints').resolve()}",
@@ -222,6 +223,26 @@ def run_verl_trainer(overrides: Sequence[str], *, cpu: bool, metrics_path: Path,
                     process.kill()
 
 
+def prepare_verl_proof(config: ProofConfig, out_dir: Path) -> tuple[LearningProof, list[float], float]:
+    """Warm start as the local proof does and write what verl reads; the proof, its losses and the seconds taken.
+
+    Writes ``out_dir/warm_start_model/`` (model and tokenizer, ``save_pretrained``) and ``out_dir/data/``
+    (the training and held-out boxes as verl rows). The returned proof holds the warm-started model.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    proof = LearningProof(config)
+    losses = proof.warm_start(proof.demonstrations())
+    model_dir = out_dir / "warm_start_model"
+    proof.model.save_pretrained(model_dir)
+    proof.tokenizer.save_pretrained(model_dir)
+    write_lookup_rows(proof.train_tasks, proof.held_out, out_dir / "data")
+    seconds = time.perf_counter() - started
+    logger.info("warm start: %d steps, final loss %.3f, %.0fs; saved to %s", config.warm_steps,
+                losses[-1] if losses else float("nan"), seconds, model_dir)
+    return proof, losses, seconds
+
+
 def run_verl_proof(config: ProofConfig, out_dir: Path, on_step: Callable[[dict[str, Any]], None] | None = None,
                    overrides: Sequence[str] = ()) -> VerlProofResult:
     """Warm start as the local proof does, save the model, write the rows, train and validate with verl.
@@ -230,19 +251,9 @@ def run_verl_proof(config: ProofConfig, out_dir: Path, on_step: Callable[[dict[s
     ``out_dir/warm_start_model/``, ``out_dir/data/``, ``out_dir/verl_metrics.jsonl`` (verl's file logger),
     ``out_dir/verl.log`` and ``out_dir/metrics.jsonl`` (the rows ``on_step`` gets).
     """
-    out_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    proof = LearningProof(config)
-    demos = proof.demonstrations()
-    losses = proof.warm_start(demos)
-    model_dir = out_dir / "warm_start_model"
-    proof.model.save_pretrained(model_dir)
-    proof.tokenizer.save_pretrained(model_dir)
-    write_lookup_rows(proof.train_tasks, proof.held_out, out_dir / "data")
-    warm_seconds = time.perf_counter() - started
-    logger.info("warm start: %d steps, final loss %.3f, %.0fs; saved to %s", config.warm_steps,
-                losses[-1] if losses else float("nan"), warm_seconds, model_dir)
-    del proof, demos  # the verl run loads its own copies; free this one (and its GPU memory)
+    proof, losses, warm_seconds = prepare_verl_proof(config, out_dir)
+    del proof  # the verl run loads its own copies; free this one (and its GPU memory)
     gc.collect()
     _empty_device_cache(config.device)
 
@@ -261,7 +272,8 @@ def run_verl_proof(config: ProofConfig, out_dir: Path, on_step: Callable[[dict[s
                 on_step(row)
 
         verl_started = time.perf_counter()
-        returncode = run_verl_trainer([*verl_overrides(config, model_dir, out_dir / "data", out_dir), *overrides],
+        returncode = run_verl_trainer([*verl_overrides(config, out_dir / "warm_start_model", out_dir / "data", out_dir),
+                                       *overrides],
                                       cpu=config.device == "cpu", metrics_path=out_dir / "verl_metrics.jsonl",
                                       log_path=log_path, on_line=on_line)
         verl_seconds = time.perf_counter() - verl_started

@@ -41,9 +41,9 @@ def _demonstrations(tokenizer: Any, count: int, system_prompts: tuple[str, ...] 
             messages), chat_template_kwargs=NO_THINK)
     demos = []
     for i, task in enumerate(world.tasks[:count]):
-        demos += asyncio.run(run_rollouts(engine, [RolloutRequest(task.question, task.task_id, {"max_tokens": 64})],
-                                          tools=lookup_tools(world), system_prompt=system_prompts[i % len(system_prompts)],
-                                          budget=LOOKUP_BUDGET, response_length=256))
+        request = RolloutRequest(task.question, task.task_id, {"max_tokens": 64})
+        demos += asyncio.run(run_rollouts(engine, [request], tools=lookup_tools(world), budget=LOOKUP_BUDGET,
+                                          system_prompt=system_prompts[i % len(system_prompts)], response_length=256))
     return demos
 
 
