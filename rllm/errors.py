@@ -62,6 +62,14 @@ class EngineThrottledError(EngineUnavailableError):
     """The engine kept answering 429 after every retry."""
 
 
+class GenerationAbortedError(EngineUnavailableError):
+    """The server cut a generation (finish reason ``abort``): a weight sync, a replica leaving, an operator.
+
+    What it sampled is a cut turn, not the policy's answer: nothing in it is parsed or run, and it is
+    never trained. The rollout ends ``ENGINE_ERROR`` (infrastructure: dropped, retried, not scored).
+    """
+
+
 class ContextLengthExceededError(EngineError):
     """The prompt (plus the requested completion) does not fit the model's context window."""
 

@@ -144,13 +144,9 @@ class VerlEngine(TokenEngine):
                 session.generate_seconds += time.perf_counter() - started
         if isinstance(session, VerlSession):
             self._record(session, output)
-        if output.stop_reason == "aborted":
-            raise EngineUnavailableError(
-                f"verl aborted the generation for request {session.request_id} "
-                f"({len(output.token_ids)} tokens returned)",
-                cause="aborted",
-            )
         ids = [int(i) for i in output.token_ids]
+        if output.stop_reason == "aborted":  # the base raises GenerationAbortedError; nothing of it is kept
+            return TokenOutput(token_ids=ids, logprobs=None, finish_reason="abort")
         logprobs = None if output.log_probs is None else [float(lp) for lp in output.log_probs]
         if logprobs is not None and len(logprobs) != len(ids):
             raise ValueError(f"verl returned {len(ids)} token ids but {len(logprobs)} logprobs")
