@@ -235,6 +235,14 @@ class DeclaredTypeError(ToolCallFormatError):
     """Text that fits none of the JSON types its parameter declares."""
 
 
+class RolloutCancelledError(RLLMError, RuntimeError):
+    """A rollout was cancelled (``agent.cancel()``, a ``cancel_signal``): it has no outcome to train on or score.
+
+    Not infrastructure and not the policy's doing; where no other rollouts can stand in (the local
+    trainer), the run stops with it.
+    """
+
+
 class RolloutWithoutTokensError(RLLMError, RuntimeError):
     """A token rollout stopped before its first model call: there is no trace to train on (never masked)."""
 

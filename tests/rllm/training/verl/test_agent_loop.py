@@ -241,6 +241,32 @@ async def test_a_cut_generation_that_reads_as_a_tool_call_never_runs_it_and_is_d
     assert LOOKUPS == []
 
 
+async def test_a_cancelled_rollout_is_dropped_not_trained_with_reward_zero(tokenizer) -> None:
+    # The tool cancels the run (as Strands' stop tool does): no answer, and not the policy's outcome either.
+    def build(*overrides: str) -> tuple[StrandsAgentLoop, FakeServerManager]:
+        server = FakeServerManager(tokenizer, turns_script(lookup_call("France"), "\\boxed{Paris}"))
+        loop, _ = build_loop(tokenizer, server, *overrides, tool_factory="fixtures.verl_loop:cancelling_tools",
+                             tool_kwargs={})
+        return loop, server
+
+    LOOKUPS.clear()
+    loop, server = build()
+    outcome = RolloutOutcome()
+    assert await loop.run(dict(SAMPLING), **row(), rllm_outcome=outcome) == []
+    assert LOOKUPS == ["France"] and len(server.calls) == 1  # stopped after the tool round
+    assert outcome.dropped and outcome.cause == "cancelled"
+
+    loop, _ = build()
+    output = await loop.rollout(dict(SAMPLING), **row())
+    extra = output.extra_fields
+    assert extra["termination_reason"] == "cancelled" and extra["infra_failure"] is False
+    assert extra["final_answer"] == "" and set(output.response_mask) == {0}  # no gradient, even under v0
+
+    loop_v0, _ = build("trainer.use_v1=false")
+    kept = await loop_v0.run(dict(SAMPLING), **row())
+    assert isinstance(kept, AgentLoopOutput) and set(kept.response_mask) == {0}
+
+
 async def test_the_embedded_engine_aborting_a_written_tool_call_drops_the_rollout(tokenizer, tmp_path) -> None:
     # The real TransformersEngine behind the embedded rollout server, its tiny model forced to write the call;
     # the engine aborts right after it (what the server's abort_all_requests does at a weight sync).
