@@ -37,6 +37,13 @@ class PromptTooLongError(ConfigurationError, ValueError):
     """A rollout's first prompt is longer than the trainer's ``prompt_length``: a data or config error."""
 
 
+class AbortUnsupportedError(ConfigurationError):
+    """``agent.cancel()`` on an agent whose engine cannot abort one request in flight (``VerlEngine``).
+
+    Cancelling would only stop waiting: the server would go on generating, unseen. Raised at the call.
+    """
+
+
 class ModelUnreachableError(SetupError):
     """A hub model could not be fetched (no hub access) and is not cached; ``why`` says what failed."""
 

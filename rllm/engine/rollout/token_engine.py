@@ -76,6 +76,9 @@ class TokenEngine(abc.ABC):
         **sampling: Default sampling parameters (temperature, top_p, max_tokens, ...).
     """
 
+    abort_unsupported: str | None = None
+    """Why cancelling a call cannot abort its request on the backend; ``None``: it can (the default)."""
+
     def __init__(
         self,
         tokenizer: Any,

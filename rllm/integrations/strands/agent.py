@@ -13,6 +13,7 @@ from strands.hooks import AfterModelCallEvent, BeforeModelCallEvent, HookProvide
 from strands.telemetry import EventLoopMetrics
 from strands.types.content import Message
 
+from rllm.errors import AbortUnsupportedError
 from rllm.integrations.strands._cancel import CANCELLED, cancelled_output
 from rllm.integrations.strands._format import format_messages, format_tools
 from rllm.integrations.strands.hooks import Budget, BudgetHook, ToolCallValidator, ToolFailureHook
@@ -135,7 +136,9 @@ class StrandsAgent(Agent):
 
     A model call cancelled in flight (``agent.cancel()``) is recorded as a ``Step`` with stop reason
     ``cancelled`` and nothing sampled (finish reason ``cancelled``). A run that ends cancelled, also
-    when the cancel came while a tool ran, has ``termination_reason`` ``CANCELLED``.
+    when the cancel came while a tool ran, has ``termination_reason`` ``CANCELLED``. ``cancel()``
+    raises ``AbortUnsupportedError`` when the model's engine cannot abort a request in flight
+    (``VerlEngine``) rather than leave the generation running unseen.
 
     A tool raising an ``InfrastructureError`` ends the run after that tool round with
     ``termination_reason`` ``TOOL_BACKEND_ERROR``; a tool raising a ``ConfigurationError`` ends it
@@ -216,6 +219,19 @@ class StrandsAgent(Agent):
         if not self.trajectory.steps:
             return None
         return termination_reason_for(stop_reason=self.trajectory.steps[-1].stop_reason)
+
+    def cancel(self, *, message: str | None = None, after_current_tools: bool = False) -> None:
+        """``Agent.cancel``, refused (``AbortUnsupportedError``) where the engine cannot abort the request in flight.
+
+        ``after_current_tools=True`` stops before the next model call, so it never needs an abort.
+        """
+        why = getattr(self.model, "abort_unsupported", None)
+        if why and not after_current_tools:
+            raise AbortUnsupportedError(
+                f"agent.cancel() cannot stop this agent's model call: {why}. Let the rollout finish (bound it with a "
+                "timeout), or use agent.cancel(after_current_tools=True), which stops before the next model call"
+            )
+        super().cancel(message=message, after_current_tools=after_current_tools)
 
     async def stream_async(self, prompt: Any = None, **kwargs: Any) -> AsyncIterator[Any]:
         """``Agent.stream_async`` (which ``invoke_async`` and ``__call__`` run), then a tool's ``ConfigurationError``.
