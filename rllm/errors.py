@@ -37,6 +37,13 @@ class PromptTooLongError(ConfigurationError, ValueError):
     """A rollout's first prompt is longer than the trainer's ``prompt_length``: a data or config error."""
 
 
+class AbortUnsupportedError(ConfigurationError):
+    """``agent.cancel()`` on an agent whose engine cannot abort one request in flight (``VerlEngine``).
+
+    Cancelling would only stop waiting: the server would go on generating, unseen. Raised at the call.
+    """
+
+
 class ModelUnreachableError(SetupError):
     """A hub model could not be fetched (no hub access) and is not cached; ``why`` says what failed."""
 
@@ -60,6 +67,14 @@ class EngineUnavailableError(EngineError, InfrastructureError):
 
 class EngineThrottledError(EngineUnavailableError):
     """The engine kept answering 429 after every retry."""
+
+
+class GenerationAbortedError(EngineUnavailableError):
+    """The server cut a generation (finish reason ``abort``): a weight sync, a replica leaving, an operator.
+
+    What it sampled is a cut turn, not the policy's answer: nothing in it is parsed or run, and it is
+    never trained. The rollout ends ``ENGINE_ERROR`` (infrastructure: dropped, retried, not scored).
+    """
 
 
 class ContextLengthExceededError(EngineError):
@@ -225,6 +240,14 @@ class DuplicateKeyError(ToolCallFormatError):
 
 class DeclaredTypeError(ToolCallFormatError):
     """Text that fits none of the JSON types its parameter declares."""
+
+
+class RolloutCancelledError(RLLMError, RuntimeError):
+    """A rollout was cancelled (``agent.cancel()``, a ``cancel_signal``): it has no outcome to train on or score.
+
+    Not infrastructure and not the policy's doing; where no other rollouts can stand in (the local
+    trainer), the run stops with it.
+    """
 
 
 class RolloutWithoutTokensError(RLLMError, RuntimeError):

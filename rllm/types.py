@@ -19,9 +19,11 @@ from rllm.tokens.trace import TokenTrace
 class TerminationReason(str, enum.Enum):
     """Why an episode stopped.
 
-    ``ENGINE_ERROR``, ``TOOL_BACKEND_ERROR`` and ``TIMEOUT`` are infrastructure failures:
-    training masks them and evaluation reports them apart from wrong answers. ``ERROR`` is an
-    unexpected exception (a bug or a misconfiguration), never masked.
+    ``ENGINE_ERROR`` (a generation the server aborted included), ``TOOL_BACKEND_ERROR`` and
+    ``TIMEOUT`` are infrastructure failures: training masks them and evaluation reports them apart
+    from wrong answers. ``CANCELLED`` is not infrastructure (not retried) but is not an outcome of the
+    policy either: never scored, never trained. ``ERROR`` is an unexpected exception (a bug or a
+    misconfiguration), never masked.
     """
 
     FINISHED = "finished"
@@ -40,6 +42,11 @@ class TerminationReason(str, enum.Enum):
     def is_infrastructure_failure(self) -> bool:
         """True when the policy is not to blame, so the episode must not be scored."""
         return self in (TerminationReason.ENGINE_ERROR, TerminationReason.TOOL_BACKEND_ERROR, TerminationReason.TIMEOUT)
+
+    @property
+    def is_scored(self) -> bool:
+        """True when the episode is the policy's outcome (scored, trained on): not infrastructure, not cancelled."""
+        return not self.is_infrastructure_failure and self is not TerminationReason.CANCELLED
 
 
 class _Record(BaseModel):

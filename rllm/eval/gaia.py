@@ -62,7 +62,7 @@ def build_report(episodes: list[Episode], tasks: list[dict[str, Any]], meta: dic
     for task, episode in zip(tasks, episodes, strict=True):
         reward_info = episode.info.get("reward") or {}
         infra = episode.termination_reason.is_infrastructure_failure
-        scored = not infra and gaia_ground_truth(task) is not None
+        scored = episode.termination_reason.is_scored and gaia_ground_truth(task) is not None
         for bucket in (levels[str(task["level"])], overall):
             bucket["tasks"] += 1
             bucket["infrastructure_failures"] += infra

@@ -25,10 +25,11 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 def search_report(episodes: list[Episode]) -> dict[str, Any]:
     """Exact match, F1, pass@k, mean turns and tool calls, termination reasons.
 
-    Infrastructure failures (engine errors, timeouts) are counted apart and left out of every score;
-    any other unfinished episode (max turns, max tokens, errors) scores 0.
+    Infrastructure failures (engine errors, aborted generations, timeouts) and cancelled episodes are
+    counted apart and left out of every score; any other unfinished episode (max turns, max tokens,
+    errors) scores 0.
     """
-    scored = [e for e in episodes if not e.termination_reason.is_infrastructure_failure]
+    scored = [e for e in episodes if e.termination_reason.is_scored]
     per_task: dict[str, list[bool]] = defaultdict(list)
     for episode in scored:
         per_task[str(episode.info.get("task_id", episode.id))].append(episode.is_correct)
@@ -47,7 +48,8 @@ def search_report(episodes: list[Episode]) -> dict[str, Any]:
         "episodes": len(episodes),
         "tasks": len({str(e.info.get("task_id", e.id)) for e in episodes}),
         "scored": len(scored),
-        "infrastructure_failures": len(episodes) - len(scored),
+        "infrastructure_failures": sum(e.termination_reason.is_infrastructure_failure for e in episodes),
+        "cancelled": sum(e.termination_reason is TerminationReason.CANCELLED for e in episodes),
         "exact_match": mean([float(e.is_correct) for e in scored]),
         "f1": mean([float((e.info.get("reward") or {}).get("f1", 0.0)) for e in scored]),
         **pass_k,
@@ -66,6 +68,8 @@ def print_report(report: dict[str, Any], console: Console, title: str = "HotpotQ
     scores.add_row("episodes (tasks)", f"{report['episodes']} ({report['tasks']})")
     scores.add_row("scored", str(report["scored"]))
     scores.add_row("infrastructure failures (not scored)", str(report["infrastructure_failures"]))
+    if report.get("cancelled"):
+        scores.add_row("cancelled (not scored)", str(report["cancelled"]))
     scores.add_row("exact match", f"{report['exact_match']:.3f}")
     scores.add_row("F1", f"{report['f1']:.3f}")
     for key, value in report.items():

@@ -2,9 +2,11 @@
 
 A script maps the decoded prompt to the text the "model" answers; the text is encoded with the
 real tokenizer and closed with the end-of-turn token, and each token gets a deterministic
-logprob. ``ScriptedTokenEngine`` does this in process; ``ScriptedTokenServer`` serves the same
-script as SGLang's ``POST /generate`` and vLLM's ``POST /v1/completions`` on 127.0.0.1, recording
-every request, so the HTTP engines are tested end to end.
+logprob (a script answering ``Cut(text)`` has the generation cut, finish reason ``abort``, as a
+server aborting the request does). ``ScriptedTokenEngine`` does this in process;
+``ScriptedTokenServer`` serves the same script as SGLang's ``POST /generate`` and vLLM's
+``POST /v1/completions`` on 127.0.0.1, recording every request, so the HTTP engines are tested
+end to end.
 
 ``MessageScriptedEngine`` scripts at the level of messages instead: its script answers with an
 OpenAI assistant message (reasoning, content, tool calls), and the engine samples exactly the text
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -24,20 +27,35 @@ from rllm.engine.rollout.token_engine import TokenEngine, TokenOutput, TokenSess
 from rllm.testing.scripted_server import ScriptedOpenAIServer
 from rllm.tokens.renderer import ChatRenderer
 
-TokenScript = Callable[[str], str]
+
+@dataclass(frozen=True)
+class Cut:
+    """A scripted answer the server cuts: ``text`` is sampled without the end-of-turn token, then ``finish_reason``.
+
+    ``Cut(text)`` is what SGLang, vLLM and ``TransformersEngine.abort`` hand back for an aborted request.
+    """
+
+    text: str
+    finish_reason: str = "abort"
+
+
+TokenScript = Callable[[str], "str | Cut"]
 MessageScript = Callable[[list[dict[str, Any]]], "dict[str, Any] | str"]
 
 
 def scripted_completion(tokenizer: Any, end_of_turn_id: int, script: TokenScript, prompt_ids: list[int],
                         max_new_tokens: int) -> TokenOutput:
-    """The token output for ``script(decoded prompt)``, cut at ``max_new_tokens``."""
-    text = script(tokenizer.decode(prompt_ids, skip_special_tokens=False))
-    return _sampled([*tokenizer.encode(text, add_special_tokens=False), end_of_turn_id], max_new_tokens)
+    """The token output for ``script(decoded prompt)``, cut at ``max_new_tokens`` (or as a ``Cut`` says)."""
+    answer = script(tokenizer.decode(prompt_ids, skip_special_tokens=False))
+    if isinstance(answer, Cut):
+        return _sampled(tokenizer.encode(answer.text, add_special_tokens=False), max_new_tokens,
+                        finish=answer.finish_reason)
+    return _sampled([*tokenizer.encode(answer, add_special_tokens=False), end_of_turn_id], max_new_tokens)
 
 
-def _sampled(ids: list[int], max_new_tokens: int) -> TokenOutput:
-    """``ids`` cut at ``max_new_tokens``, each with a deterministic logprob."""
-    finish = "stop" if len(ids) <= max_new_tokens else "length"
+def _sampled(ids: list[int], max_new_tokens: int, *, finish: str = "stop") -> TokenOutput:
+    """``ids`` cut at ``max_new_tokens``, each with a deterministic logprob; ``finish`` unless the budget cuts them."""
+    finish = finish if len(ids) <= max_new_tokens else "length"
     ids = ids[:max_new_tokens]
     return TokenOutput(token_ids=ids, logprobs=[-0.01 * (1 + i % 7) for i in range(len(ids))], finish_reason=finish)
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 import transformers
@@ -280,3 +281,39 @@ def build_random_qwen3_dir(out_dir: Path | None = None) -> Path:
     logger.info("built a random-weight Qwen3 (real tokenizer and template) in %s in %.1fs", out_dir,
                 time.perf_counter() - start)
     return out_dir
+
+
+class ForcedCausalLM(torch.nn.Module):
+    """A causal LM whose sampled tokens are forced: ``ids`` after each prompt, then ``filler`` for ever.
+
+    A random model never writes a tool call; this one does, through its real forward and KV cache
+    (a large bias on the forced token's logit, so greedy sampling picks it and its logprob is ~0).
+    Each prefill starts the script again. ``on_written`` is called from the forward that samples the
+    first token after ``ids`` (e.g. to abort the request there: what was sampled is then exactly
+    ``ids`` plus that token). One sequence at a time: use it with ``max_batch_size=1``.
+    """
+
+    def __init__(self, model: torch.nn.Module, ids: list[int], filler: int,
+                 on_written: Callable[[], object] | None = None) -> None:
+        super().__init__()
+        self.model = model
+        self.config = model.config
+        self.ids = list(ids)
+        self.filler = filler
+        self.on_written = on_written
+        self._prompt_length = 0
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, **kwargs: Any) -> Any:
+        out = self.model(input_ids=input_ids, position_ids=position_ids, **kwargs)
+        last = int(position_ids[0, -1])
+        if input_ids.shape[1] > 1:  # a prefill: a new request
+            self._prompt_length = last + 1
+        index = last + 1 - self._prompt_length  # which sampled token this forward picks
+        out.logits[:, -1, self.ids[index] if index < len(self.ids) else self.filler] += 1e4
+        if index == len(self.ids) and self.on_written is not None:
+            self.on_written()
+        return out

@@ -10,7 +10,8 @@ Guarantees:
 * **Retries for infrastructure only.** A rollout ending with an infrastructure failure (engine
   unreachable, 5xx, timeouts) is rerun from a fresh reset up to ``retry_limit`` times; a wrong
   answer or any other reason is final. Failures left after the retries keep their reason and are
-  reported apart from wrong answers, never scored as wrong.
+  reported apart from wrong answers, never scored as wrong. A cancelled rollout is final and
+  never scored either (counted apart).
 * **Streaming and resume.** Each episode is appended to ``output_path`` (JSONL, one flushed line
   per episode, ``info`` carrying ``task_id``, ``rollout_index`` and ``attempts``) as it finishes.
   A rerun with the same path loads the finished pairs and runs only the rest; Ctrl-C keeps every
@@ -54,26 +55,30 @@ _Key = tuple[str, int]
 
 @dataclass
 class RolloutStats:
-    """Counts over finished episodes; accuracy leaves infrastructure failures out."""
+    """Counts over finished episodes; accuracy leaves infrastructure failures and cancelled episodes out."""
 
     total: int = 0
     correct: int = 0
     infrastructure_failures: int = 0
+    cancelled: int = 0
     reasons: Counter[str] = field(default_factory=Counter)
 
     def add(self, episode: Episode) -> None:
         """Count one episode."""
         self.total += 1
-        self.reasons[episode.termination_reason.value] += 1
-        if episode.termination_reason.is_infrastructure_failure:
+        reason = episode.termination_reason
+        self.reasons[reason.value] += 1
+        if reason.is_infrastructure_failure:
             self.infrastructure_failures += 1
+        elif not reason.is_scored:
+            self.cancelled += 1
         elif episode.is_correct:
             self.correct += 1
 
     @property
     def scored(self) -> int:
         """Episodes that count towards accuracy."""
-        return self.total - self.infrastructure_failures
+        return self.total - self.infrastructure_failures - self.cancelled
 
     @property
     def accuracy(self) -> float:

@@ -82,12 +82,13 @@ class StrandsWorkflow(Workflow):
         """Run the agent on ``task`` (``run_rollout``); a run that did not finish cleanly ends unscored with its reason.
 
         An unexpected error (``ERROR``: a bug, or a tool raising a ``ConfigurationError``) keeps
-        its traceback in ``info``; a tool backend failure ends the episode as
-        ``TOOL_BACKEND_ERROR``, unscored, with the failure in ``info["error"]``.
+        its traceback in ``info``; an infrastructure failure (a tool backend, ``TOOL_BACKEND_ERROR``;
+        a generation the server aborted, ``ENGINE_ERROR``) or a cancelled run (``CANCELLED``) is
+        never scored, with the failure in ``info["error"]``.
         """
         finished = await run_rollout(self.agent, self.task_to_prompt(task))
         end = finished.end
-        if finished.error is not None or end.infra_failure:
+        if finished.error is not None or not end.scored:
             logger.debug("episode %s ended by %s: %s", uid, end.reason.value, end.failure)
             episode = self.failed_episode(task, uid, end.reason, end.failure)
             if end.reason is TerminationReason.ERROR and finished.error is not None:

@@ -61,3 +61,10 @@ def test_infrastructure_failures_are_marked() -> None:
     assert TerminationReason.ENGINE_ERROR.is_infrastructure_failure
     assert TerminationReason.TIMEOUT.is_infrastructure_failure
     assert not TerminationReason.MAX_TURNS.is_infrastructure_failure
+
+
+def test_only_the_policys_outcomes_are_scored() -> None:
+    unscored = {r for r in TerminationReason if not r.is_scored}
+    assert unscored == {TerminationReason.ENGINE_ERROR, TerminationReason.TOOL_BACKEND_ERROR,
+                        TerminationReason.TIMEOUT, TerminationReason.CANCELLED}
+    assert not TerminationReason.CANCELLED.is_infrastructure_failure  # never retried

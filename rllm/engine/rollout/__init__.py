@@ -7,6 +7,7 @@ from rllm.engine.rollout.base import (
     EngineRequestError,
     EngineThrottledError,
     EngineUnavailableError,
+    GenerationAbortedError,
     RolloutEngine,
 )
 from rllm.engine.rollout.openai_engine import OpenAIEngine
@@ -18,6 +19,7 @@ __all__ = [
     "EngineRequestError",
     "EngineThrottledError",
     "EngineUnavailableError",
+    "GenerationAbortedError",
     "OpenAIEngine",
     "RolloutEngine",
 ]

@@ -16,6 +16,7 @@ from rllm.errors import (  # re-exported: engines and callers import them from h
     EngineRequestError,
     EngineThrottledError,
     EngineUnavailableError,
+    GenerationAbortedError,
 )
 from rllm.types import ModelOutput
 
@@ -26,6 +27,7 @@ __all__ = [
     "EngineRequestError",
     "EngineThrottledError",
     "EngineUnavailableError",
+    "GenerationAbortedError",
     "RolloutEngine",
     "mentions_context_overflow",
     "select_sampling_params",

@@ -20,6 +20,7 @@ from rllm.engine.rollout.base import (
     EngineRequestError,
     EngineThrottledError,
     EngineUnavailableError,
+    GenerationAbortedError,
     mentions_context_overflow,
     select_sampling_params,
 )
@@ -189,10 +190,20 @@ class OpenAIEngine:
 
 
 def parse_chat_completion(response: Any) -> ModelOutput:
-    """A ``ModelOutput`` from a ChatCompletion, with vLLM's token ids and the logprobs when present."""
+    """A ``ModelOutput`` from a ChatCompletion, with vLLM's token ids and the logprobs when present.
+
+    A choice the server cut (finish reason ``abort``, as vLLM and SGLang report an aborted request)
+    raises ``GenerationAbortedError`` before its message is read, so no tool call in it runs.
+    """
     if not response.choices:
         return ModelOutput()
     choice = response.choices[0]
+    if choice.finish_reason == "abort":
+        raise GenerationAbortedError(
+            f"the server aborted chat completion {getattr(response, 'id', '?')} (finish reason abort); "
+            "the cut answer is not parsed, run or trained",
+            cause="abort",
+        )
     message = choice.message
     reasoning = getattr(message, "reasoning_content", None) or getattr(message, "reasoning", None)
     logprobs = None

@@ -7,6 +7,11 @@ verl) only implement ``_generate``. Per-rollout state lives in a ``TokenSession`
 keeps (``RLLMModel`` keeps one per agent), so one engine serves any number of rollouts. A call
 that is cancelled while it samples leaves the session as it found it, the first prompt excepted:
 nothing it sampled reaches the trace, and the next call continues from the last sampled turn.
+
+A generation the backend cut (finish reason ``abort``: SGLang's and vLLM's abort, verl's
+``aborted``, ``TransformersEngine.abort``) is not the policy's answer: the call raises
+``GenerationAbortedError`` before anything is parsed from the cut text, so no tool call in it
+runs, and leaves the session as a cancelled call does (the cut tokens never reach the trace).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rllm.engine.rollout.base import ContextLengthExceededError, select_sampling_params
-from rllm.errors import HistoryNotAppendOnlyError
+from rllm.errors import GenerationAbortedError, HistoryNotAppendOnlyError
 from rllm.parser import CallIdFactory, get_tool_parser
 from rllm.tokens.renderer import ChatRenderer
 from rllm.tokens.trace import TokenTrace
@@ -71,6 +76,9 @@ class TokenEngine(abc.ABC):
         **sampling: Default sampling parameters (temperature, top_p, max_tokens, ...).
     """
 
+    abort_unsupported: str | None = None
+    """Why cancelling a call cannot abort its request on the backend; ``None``: it can (the default)."""
+
     def __init__(
         self,
         tokenizer: Any,
@@ -110,7 +118,10 @@ class TokenEngine(abc.ABC):
         session: TokenSession | None = None,
         **sampling: Any,
     ) -> ModelOutput:
-        """Extend the session's trace with ``messages``, sample, and parse the answer."""
+        """Extend the session's trace with ``messages``, sample, and parse the answer.
+
+        Raises ``GenerationAbortedError`` (infrastructure) when the backend cut the generation.
+        """
         session = session if session is not None else self.new_session()
         trace = session.trace
         before = (len(trace.segments), session.messages, session.tools)
@@ -129,6 +140,13 @@ class TokenEngine(abc.ABC):
         except asyncio.CancelledError:
             self._unwind(session, *before)
             raise
+        if output.finish_reason == "abort":
+            self._unwind(session, *before)
+            raise GenerationAbortedError(
+                f"{type(self).__name__}: the backend aborted the generation of rollout {session.request_id} after "
+                f"{len(output.token_ids)} tokens; the cut text is not parsed, run or trained",
+                cause="abort",
+            )
         trace.add_sampled(output.token_ids, output.logprobs)
         text = self.tokenizer.decode(output.token_ids, skip_special_tokens=False)
         parsed = self.parser.parse(text, think_prefilled=self.renderer.probe.think_prefilled, ids=session.call_ids,
@@ -151,7 +169,7 @@ class TokenEngine(abc.ABC):
     @staticmethod
     def _unwind(session: TokenSession, segments: int, messages: list[dict[str, Any]],
                 tools: list[dict[str, Any]] | None) -> None:
-        """Undo a cancelled call's prompt extension; a first prompt stays (the rollout's trace keeps its prompt)."""
+        """Undo a cancelled or aborted call's prompt extension; a first prompt stays (the trace keeps its prompt)."""
         if segments:
             session.trace.truncate(segments)
             session.messages, session.tools = messages, tools

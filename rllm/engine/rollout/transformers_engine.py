@@ -439,7 +439,8 @@ class TransformersEngine(TokenEngine):
 
         Each leaves the batch at the decode loop's next step, which frees its row and its KV cache;
         its caller gets the tokens sampled so far with finish reason ``abort`` (what verl expects of
-        a rollout server's ``abort_all_requests``). Safe from any thread. Returns how many were aborted.
+        a rollout server's ``abort_all_requests``); a rollout's model call then raises
+        ``GenerationAbortedError``. Safe from any thread. Returns how many were aborted.
         """
         with self._lock:
             hit = [r for r in self._in_flight if not r.aborted and (request_id is None or r.request_id == request_id)]

@@ -5,9 +5,15 @@ sampling_params=...) -> TokenOutput``; this engine renders the conversation incr
 every other ``TokenEngine`` and sends the rollout's exact token ids. Every turn of one rollout
 carries the same ``request_id``, so verl routes it to the same replica and its prefix cache is
 reused. The engine also enforces the trainer's response budget: verl does not truncate, so
-everything after the first prompt (sampled and tool tokens) must fit ``response_length``. A
-generation cancelled in flight (``agent.cancel()``, a rollout timeout) is aborted through the server
-client's ``abort_request(request_id=...)`` where it offers one.
+everything after the first prompt (sampled and tool tokens) must fit ``response_length``.
+
+A generation verl reports ``aborted`` (a weight sync, a replica leaving) ends the call with
+``GenerationAbortedError``, like any token engine's ``abort``. verl 0.9.1 cannot abort one request:
+``LLMServerClient`` has no such method, sends every turn under a fresh request id of its own, and
+its servers offer only ``abort_all_requests``. So ``agent.cancel()`` on an agent over this engine
+raises ``AbortUnsupportedError`` at the call (``abort_unsupported``), and a rollout timeout (or a
+``cancel_signal`` handed to the invocation) only stops waiting: the generation runs to its end on
+the server and its tokens are dropped.
 """
 
 from __future__ import annotations
@@ -30,8 +36,6 @@ __all__ = ["PromptTooLongError", "ResponseBudgetExhaustedError", "VerlEngine", "
 # rllm's sampling vocabulary (tool_choice, chat_template_kwargs, ...) has no meaning there.
 _PASS_THROUGH = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "presence_penalty",
                  "frequency_penalty", "repetition_penalty", "logprobs")
-_ABORT_TIMEOUT_S = 5.0
-"""Longest wait for the server client's abort of a cancelled generation (the cancellation must not hang)."""
 
 
 @dataclass
@@ -60,6 +64,9 @@ class VerlSession(TokenSession):
 class VerlEngine(TokenEngine):
     """A ``TokenEngine`` whose backend is verl's ``LLMServerClient`` (or anything with its ``generate``).
 
+    It cannot abort one request in flight (``abort_unsupported`` says why), so an agent over it
+    refuses ``agent.cancel()``.
+
     Args:
         server_manager: verl's server client, as handed to an ``AgentLoopBase``.
         tokenizer: The policy's tokenizer.
@@ -72,6 +79,12 @@ class VerlEngine(TokenEngine):
             top_k, repetition_penalty, logprobs); sent on every turn, under any per-call ones.
         **kwargs: As for ``TokenEngine`` (tool_parser, context_length, chat_template_kwargs, ...).
     """
+
+    abort_unsupported = (
+        "verl 0.9.1's LLMServerClient cannot abort one request (it has no per-request abort, it sends every turn "
+        "under a fresh request id of its own, and its servers offer only abort_all_requests), so the generation "
+        "would run on unseen"
+    )
 
     def __init__(
         self,
@@ -131,8 +144,9 @@ class VerlEngine(TokenEngine):
             output = await self.server_manager.generate(
                 request_id=session.request_id, prompt_ids=prompt_ids, sampling_params=params
             )
-        except asyncio.CancelledError:
-            await self._abort(session)
+        except asyncio.CancelledError:  # a timeout or a cancel_signal: verl cannot abort the request, it runs on
+            logger.debug("stopped waiting for verl request %s; the server finishes it and its tokens are dropped",
+                         session.request_id)
             raise
         except Exception as error:  # the rollout server (a Ray actor) failed: infrastructure
             raise EngineUnavailableError(
@@ -144,34 +158,15 @@ class VerlEngine(TokenEngine):
                 session.generate_seconds += time.perf_counter() - started
         if isinstance(session, VerlSession):
             self._record(session, output)
-        if output.stop_reason == "aborted":
-            raise EngineUnavailableError(
-                f"verl aborted the generation for request {session.request_id} "
-                f"({len(output.token_ids)} tokens returned)",
-                cause="aborted",
-            )
         ids = [int(i) for i in output.token_ids]
+        if output.stop_reason == "aborted":  # the base raises GenerationAbortedError; nothing of it is kept
+            return TokenOutput(token_ids=ids, logprobs=None, finish_reason="abort")
         logprobs = None if output.log_probs is None else [float(lp) for lp in output.log_probs]
         if logprobs is not None and len(logprobs) != len(ids):
             raise ValueError(f"verl returned {len(ids)} token ids but {len(logprobs)} logprobs")
         # verl reports "completed" for both a stop and a cut; a cut is a full budget without a stop token.
         cut = len(ids) >= max_new and (not ids or ids[-1] not in self._stop_ids)
         return TokenOutput(token_ids=ids, logprobs=logprobs, finish_reason="length" if cut else "stop")
-
-    async def _abort(self, session: TokenSession) -> None:
-        """Ask the server client to abort the rollout's generation, where it offers ``abort_request``.
-
-        verl 0.9.1's ``LLMServerClient`` offers none (a cancelled Ray call does not stop the server):
-        there the generation runs to its end on the server and its tokens are dropped.
-        """
-        abort = getattr(self.server_manager, "abort_request", None)
-        if abort is None:
-            logger.debug("verl's server client cannot abort request %s; its tokens are dropped", session.request_id)
-            return
-        try:
-            await asyncio.wait_for(abort(request_id=session.request_id), timeout=_ABORT_TIMEOUT_S)
-        except Exception as error:  # the rollout is cancelled either way; the abort is best effort
-            logger.warning("could not abort verl request %s: %s: %s", session.request_id, type(error).__name__, error)
 
     @staticmethod
     def _record(session: VerlSession, output: Any) -> None:

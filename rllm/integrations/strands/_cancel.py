@@ -6,8 +6,9 @@ SDK only notices the event between stream chunks, after the engine has answered.
 that runs through ``unless_cancelled`` is cancelled as soon as the event is set, and cancelling
 the engine call is what aborts the request on every engine: the HTTP engines close the connection
 (vLLM and SGLang abort a request whose client went away), ``TransformersEngine`` drops the row
-from its batch (freeing its slot and KV cache), ``VerlEngine`` asks verl's server client to abort
-it, and a token engine's trace gains no sampled segment for it.
+from its batch (freeing its slot and KV cache), and a token engine's trace gains no sampled
+segment for it. ``VerlEngine`` cannot abort one request (``abort_unsupported``): there only the
+wait stops, and ``StrandsAgent.cancel`` refuses.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from strands.hooks import AfterModelCallEvent, BeforeModelCallEvent, HookProvide
 from strands.telemetry import EventLoopMetrics
 from strands.types.content import Message
 
+from rllm.errors import AbortUnsupportedError
 from rllm.integrations.strands._cancel import CANCELLED, cancelled_output
 from rllm.integrations.strands._format import format_messages, format_tools
 from rllm.integrations.strands.hooks import Budget, BudgetHook, ToolCallValidator, ToolFailureHook
@@ -134,8 +135,10 @@ class StrandsAgent(Agent):
         **kwargs: Passed to ``Agent``.
 
     A model call cancelled in flight (``agent.cancel()``) is recorded as a ``Step`` with stop reason
-    ``cancelled`` and nothing sampled (finish reason ``cancelled``), and ``termination_reason`` is
-    ``CANCELLED``.
+    ``cancelled`` and nothing sampled (finish reason ``cancelled``). A run that ends cancelled, also
+    when the cancel came while a tool ran, has ``termination_reason`` ``CANCELLED``. ``cancel()``
+    raises ``AbortUnsupportedError`` when the model's engine cannot abort a request in flight
+    (``VerlEngine``) rather than leave the generation running unseen.
 
     A tool raising an ``InfrastructureError`` ends the run after that tool round with
     ``termination_reason`` ``TOOL_BACKEND_ERROR``; a tool raising a ``ConfigurationError`` ends it
@@ -170,6 +173,7 @@ class StrandsAgent(Agent):
             hooks=[*own_hooks, *(kwargs.pop("hooks", None) or [])],
             **kwargs,
         )
+        self._last_stop_reason: str | None = None
         self._initial_snapshot = self.take_snapshot(
             include=["messages", "state", "conversation_manager_state", "interrupt_state", "system_prompt",
                      "model_state"]
@@ -210,16 +214,35 @@ class StrandsAgent(Agent):
             return self._budget_hook.exhausted
         if self._recorder.last_error is not None:
             return termination_reason_for(self._recorder.last_error)
+        if self._last_stop_reason == CANCELLED:  # a cancel while tools ran leaves no cancelled step
+            return TerminationReason.CANCELLED
         if not self.trajectory.steps:
             return None
         return termination_reason_for(stop_reason=self.trajectory.steps[-1].stop_reason)
 
+    def cancel(self, *, message: str | None = None, after_current_tools: bool = False) -> None:
+        """``Agent.cancel``, refused (``AbortUnsupportedError``) where the engine cannot abort the request in flight.
+
+        ``after_current_tools=True`` stops before the next model call, so it never needs an abort.
+        """
+        why = getattr(self.model, "abort_unsupported", None)
+        if why and not after_current_tools:
+            raise AbortUnsupportedError(
+                f"agent.cancel() cannot stop this agent's model call: {why}. Let the rollout finish (bound it with a "
+                "timeout), or use agent.cancel(after_current_tools=True), which stops before the next model call"
+            )
+        super().cancel(message=message, after_current_tools=after_current_tools)
+
     async def stream_async(self, prompt: Any = None, **kwargs: Any) -> AsyncIterator[Any]:
         """``Agent.stream_async`` (which ``invoke_async`` and ``__call__`` run), then a tool's ``ConfigurationError``.
 
-        The ``ConfigurationError`` a tool raised is raised once its tool round is recorded.
+        Keeps the run's stop reason (for ``termination_reason``). The ``ConfigurationError`` a tool
+        raised is raised once its tool round is recorded.
         """
+        self._last_stop_reason = None
         async for event in super().stream_async(prompt, **kwargs):
+            if isinstance(event, dict) and "result" in event:
+                self._last_stop_reason = getattr(event["result"], "stop_reason", None)
             yield event
         fatal = self._tool_failures.fatal
         if fatal is not None:
@@ -234,3 +257,4 @@ class StrandsAgent(Agent):
         self._recorder.trajectory = Trajectory(name=self._recorder.trajectory.name)
         self._recorder.token_session = None
         self._recorder.last_error = None
+        self._last_stop_reason = None

@@ -37,7 +37,8 @@ class RLLMModel(Model):
     per-agent state, so one instance may be shared by any number of agents. A tool call the
     engine could not parse never runs, under any ``Agent``: the model registers a
     ``MalformedCallGuard`` on the invoking agent, and the model reads an error naming the problem.
-    Strands' ``cancel_signal`` aborts the engine's request in flight (see ``stream``).
+    Strands' ``cancel_signal`` aborts the engine's request in flight (see ``stream``); an engine
+    that cannot abort one says why in ``abort_unsupported``, and ``StrandsAgent.cancel`` refuses.
     """
 
     class RLLMConfig(TypedDict, total=False):
@@ -60,6 +61,11 @@ class RLLMModel(Model):
         self.rollout_engine = rollout_engine
         self.config: dict[str, Any] = dict(config)
         self._guard = MalformedCallGuard()
+
+    @property
+    def abort_unsupported(self) -> str | None:
+        """Why cancelling a call cannot abort the engine's request (``VerlEngine``); ``None`` when it can."""
+        return getattr(self.rollout_engine, "abort_unsupported", None)
 
     @override
     def update_config(self, **model_config: Unpack[RLLMConfig]) -> None:  # type: ignore[override]

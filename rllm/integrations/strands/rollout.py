@@ -5,7 +5,8 @@ trainer all build the agent with ``build_agent`` and run it with ``run_rollout``
 ``FinishedRollout``: how it ended (``termination_reason_for``, the one classifier), the
 trajectory, the verl fields of a token engine's exact trace cut at the response length, whether
 that cut truncated it, and the metrics. Each consumer keeps only what is its own: the verl loop
-drops or masks, the local trainer raises on infrastructure, the workflow builds the ``Episode``.
+drops or masks what is not ``scored`` (infrastructure, cancelled), the local trainer raises on it,
+the workflow builds the ``Episode`` (unscored for it).
 """
 
 from __future__ import annotations
@@ -67,8 +68,8 @@ class RolloutEnd:
 
     Attributes:
         reason: Why it ended.
-        failure: ``"ExceptionType: message"`` of what its invocation raised, or for an
-            infrastructure failure without an exception (a tool backend) its description; "" otherwise.
+        failure: ``"ExceptionType: message"`` of what its invocation raised, or for an unscored end
+            without an exception (a tool backend's failure, a cancel) its description; "" otherwise.
         final_answer: The final answer of a rollout that finished; "" for any other.
     """
 
@@ -81,6 +82,11 @@ class RolloutEnd:
         """Whether it ended on infrastructure (retried, masked, never scored)."""
         return self.reason.is_infrastructure_failure
 
+    @property
+    def scored(self) -> bool:
+        """Whether it is the policy's outcome, to score and train on: neither infrastructure nor cancelled."""
+        return self.reason.is_scored
+
 
 def read_rollout(agent: StrandsAgent, error: BaseException | None = None) -> RolloutEnd:
     """Read the end of the agent's last run; ``error`` is what its invocation raised, if anything."""
@@ -88,7 +94,7 @@ def read_rollout(agent: StrandsAgent, error: BaseException | None = None) -> Rol
     failure = ""
     if error is not None:
         failure = describe_failure(error)
-    elif reason.is_infrastructure_failure:
+    elif not reason.is_scored:
         failure = agent.tool_failures.description or reason.value
     answer = final_answer_text(agent.trajectory) if reason is TerminationReason.FINISHED and error is None else ""
     return RolloutEnd(reason=reason, failure=failure, final_answer=answer)

@@ -2,7 +2,8 @@
 
 ``run_rollouts`` runs many prompts at once on any token engine (a batching engine samples them
 together) and keeps what local training needs of each ``FinishedRollout``; unlike verl's loop it
-raises on an infrastructure failure, since a local run has no other rollouts to fall back on.
+raises on an infrastructure failure or a cancelled rollout, since a local run has no other rollouts to
+fall back on.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rllm.engine.rollout.token_engine import TokenEngine
-from rllm.errors import ToolBackendError
+from rllm.errors import RolloutCancelledError, ToolBackendError
 from rllm.integrations.strands import Budget, RLLMModel
 from rllm.integrations.strands.rollout import build_agent, run_rollout
 from rllm.types import TerminationReason
@@ -59,9 +60,11 @@ async def _run_one(
     """Run the agent on ``request.prompt`` and return its exact tokens and outcome.
 
     Raises what the agent's run raised unless it is a policy outcome (budget, context, response
-    length), as ``StrandsAgentLoop`` does. An infrastructure failure raises too, an
-    ``ToolBackendError`` naming it when no exception carried it (a tool backend marking its own
-    failure): a local run has no other rollouts to fall back on, and scoring it would train on it.
+    length), as ``StrandsAgentLoop`` does. An infrastructure failure raises too (a generation the
+    server aborted: ``GenerationAbortedError``), a ``ToolBackendError`` naming it when no exception
+    carried it (a tool backend marking its own failure), and a cancelled rollout raises
+    ``RolloutCancelledError``: a local run has no other rollouts to fall back on, and scoring
+    either would train on it.
     """
     agent = build_agent(RLLMModel(engine, params=dict(request.sampling)), tools=tools, system_prompt=system_prompt,
                         budget=budget, name="local_rollout")
@@ -73,6 +76,8 @@ async def _run_one(
             raise finished.error
         # Only a tool backend ends a rollout on infrastructure without an exception escaping the run.
         raise ToolBackendError(f"the rollout ended on an infrastructure failure: {end.failure}")
+    if not end.scored:
+        raise RolloutCancelledError(f"the rollout ended {end.reason.value}: nothing to score or train on")
     return Rollout(
         group=request.group,
         fields=finished.token_fields(),

@@ -12,16 +12,18 @@ sampled tokens and ``response_logprobs`` their sampling logprobs (0.0 elsewhere)
 ``rollout.n`` rollouts of a row by ``uid`` for RLOO, scores them with the custom reward function
 (``rllm.training.verl.reward``, which reads the final answer from ``extra_fields``) and trains.
 
-Only typed infrastructure failures are excluded from the update: the rollout server unreachable,
-failing, throttled or aborting the generation (``rllm.errors.InfrastructureError`` from the
-engine), a tool's backend marking its own failure (a tool raising an ``InfrastructureError`` such
-as ``ToolBackendError``, or one of ``infra_exceptions``), or the rollout running past
-``timeout_s``. In verl's v1 trainer (the default) ``run`` then returns an empty list, which verl's
-TransferQueue worker stores as "no trajectory for this session": the rollout carries no tokens,
-gets no reward and takes no part in its group's RLOO baseline (``compute_rloo_outcome_advantage``
-groups whatever rows share a ``uid``). The legacy v0 trainer cannot drop a row, so there it is
-returned with an all-zero ``response_mask`` (no gradient), flagged ``infra_failure``, and the
-reward function scores it 0 (which still enters its group's baseline: use v1).
+Only typed infrastructure failures and cancelled rollouts are excluded from the update: the
+rollout server unreachable, failing, throttled or aborting the generation
+(``rllm.errors.InfrastructureError`` from the engine), a tool's backend marking its own failure (a
+tool raising an ``InfrastructureError`` such as ``ToolBackendError``, or one of
+``infra_exceptions``), the rollout running past ``timeout_s``, or the run cancelled (``CANCELLED``:
+no outcome of the policy to train on). In verl's v1 trainer (the default) ``run`` then returns an
+empty list, which verl's TransferQueue worker stores as "no trajectory for this session": the
+rollout carries no tokens, gets no reward and takes no part in its group's RLOO baseline
+(``compute_rloo_outcome_advantage`` groups whatever rows share a ``uid``). The legacy v0 trainer
+cannot drop a row, so there it is returned with an all-zero ``response_mask`` (no gradient), an
+infrastructure failure flagged ``infra_failure``, and the reward function scores it 0 (which still
+enters its group's baseline: use v1).
 
 Anything else (a template error, a ``TypeError``, an unknown tool factory, a tool backend
 refusing its credentials with a ``ConfigurationError``) raises out of ``run`` with its cause:
@@ -50,6 +52,7 @@ from rllm.parser import get_tool_parser
 from rllm.tokens.renderer import content_text
 from rllm.training.verl._dotted import import_object
 from rllm.training.verl.secrets import receive_secrets
+from rllm.types import TerminationReason
 
 logger = logging.getLogger(__name__)
 
@@ -289,11 +292,11 @@ class StrandsAgentLoop(AgentLoopBase):
                 outcome.error = describe_failure(error)
             raise
         extra = output.extra_fields
-        if extra["infra_failure"]:
-            logger.warning("rollout excluded from the update (%s): %s", extra["termination_reason"],
-                           extra["infra_error"])
+        if not TerminationReason(extra["termination_reason"]).is_scored:  # infrastructure, or cancelled
+            cause = extra["infra_error"] or extra["termination_reason"]
+            logger.warning("rollout excluded from the update (%s): %s", extra["termination_reason"], cause)
             if isinstance(outcome, RolloutOutcome):
-                outcome.dropped, outcome.cause = True, extra["infra_error"]
+                outcome.dropped, outcome.cause = True, cause
             if self.use_v1:
                 return []
         return output
@@ -346,11 +349,11 @@ class StrandsAgentLoop(AgentLoopBase):
         return self._output(agent, finished, kwargs)
 
     def _output(self, agent: StrandsAgent, finished: FinishedRollout, row: dict[str, Any]) -> AgentLoopOutput:
-        """The ``AgentLoopOutput`` of a finished rollout: its fields, masked when it ended on infrastructure."""
+        """The ``AgentLoopOutput`` of a finished rollout: its fields, masked when not ``scored`` (infra, cancelled)."""
         end = finished.end
         infra_error = end.failure if end.infra_failure else ""
         fields = dict(finished.token_fields())
-        if infra_error:
+        if not end.scored:
             fields["response_mask"] = [0] * len(fields["response_ids"])
         extra: dict[str, Any] = {
             "final_answer": end.final_answer,

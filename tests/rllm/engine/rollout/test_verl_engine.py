@@ -11,11 +11,12 @@ sampled freely, and reports the model's own log-prob of every token it returns.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 import torch
-from fixtures.verl_loop import SAMPLING, build_loop, lookup_call, row
+from fixtures.verl_loop import SAMPLING, build_loop, compose, lookup_call, row
 from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 from verl.utils.torch_functional import logprobs_from_logits
 from verl.workers.rollout.replica import TokenOutput
@@ -96,3 +97,86 @@ async def test_verl_recomputes_the_rollouts_logprobs_on_every_sampled_token(qwen
     assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-4), (ratio.min(), ratio.max())
     # Masked-out tokens (the tool result) are context: no logprob was claimed for them.
     assert batch.response_logprobs[0][~mask].abs().sum() == 0
+
+
+# --- cancelling: verl's own server client, a real Ray actor behind verl's own load balancer ---------------------
+
+
+@pytest.fixture(scope="module")
+def ray_local() -> Any:
+    import os
+
+    import ray
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=1, include_dashboard=False, _temp_dir=os.environ.get("RAY_TMPDIR"), log_to_driver=False)
+    yield ray
+    if started:
+        ray.shutdown()
+
+
+def _held_server(ray: Any, answer_ids: list[int]) -> Any:
+    """A rollout-server actor whose ``generate`` answers ``answer_ids`` once ``release`` is called."""
+
+    class HeldServer:
+        def __init__(self) -> None:
+            self.request_ids: list[str] = []
+            self.released = asyncio.Event()
+
+        async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: dict[str, Any],
+                           **kwargs: Any) -> Any:
+            from verl.workers.rollout.replica import TokenOutput as VerlTokenOutput
+
+            self.request_ids.append(request_id)
+            await self.released.wait()
+            return VerlTokenOutput(token_ids=answer_ids, log_probs=[-0.1] * len(answer_ids), stop_reason="completed",
+                                   num_preempted=0, extra_fields={"global_steps": 0})
+
+        async def seen(self) -> list[str]:
+            return list(self.request_ids)
+
+        async def release(self) -> None:
+            self.released.set()
+
+    return ray.remote(HeldServer).remote()
+
+
+async def test_cancel_on_an_agent_over_verls_server_client_fails_loudly_and_the_rollout_runs_on(
+        qwen3: tuple[Any, Any], ray_local: Any) -> None:
+    from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient, LLMServerClient
+    from verl.workers.rollout.router import get_router_handle
+
+    from rllm.engine.rollout.verl_engine import VerlEngine
+    from rllm.errors import AbortUnsupportedError
+    from rllm.integrations.strands import RLLMModel, StrandsAgent
+    from rllm.types import TerminationReason
+
+    # verl offers no per-request abort on its clients; if a release adds one, VerlEngine should use it.
+    for client_cls in (LLMServerClient, FullyAsyncLLMServerClient):
+        assert not any("abort" in name for name in dir(client_cls)), client_cls
+    tokenizer, _ = qwen3
+    end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    server = _held_server(ray_local, [*tokenizer.encode("\\boxed{4}", add_special_tokens=False), end_of_turn])
+    config = compose()
+    # As LLMServerManager builds it: verl's load balancer actor over the servers, and get_client()'s constructor call.
+    router = get_router_handle(servers={"127.0.0.1:0": server},
+                               full_determinism=config.actor_rollout_ref.rollout.full_determinism)
+    client = LLMServerClient(config=config, load_balancer_handle=router)
+    agent = StrandsAgent(RLLMModel(VerlEngine(client, tokenizer, response_length=64)))
+
+    run = asyncio.create_task(agent.invoke_async("What is 2 + 2?"))
+    for _ in range(600):
+        if await server.seen.remote():
+            break
+        await asyncio.sleep(0.05)
+    [sent_id] = await server.seen.remote()
+    with pytest.raises(AbortUnsupportedError, match="LLMServerClient cannot abort one request"):
+        agent.cancel()
+    agent.cancel(after_current_tools=True)  # stops before the next model call: needs no abort, so allowed
+    await server.release.remote()
+    result = await asyncio.wait_for(run, 60)
+
+    assert sent_id != agent.token_session.request_id  # verl's client sent its own id: none of ours to abort
+    assert result.stop_reason == "end_turn" and agent.termination_reason is TerminationReason.FINISHED
+    assert agent.trajectory.steps[-1].model_output.text == "\\boxed{4}"

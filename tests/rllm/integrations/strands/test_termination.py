@@ -19,12 +19,14 @@ from strands.types.exceptions import ContextWindowOverflowException, EventLoopEx
 
 from rllm.engine.rollout import OpenAIEngine
 from rllm.errors import (
+    AbortUnsupportedError,
     ConfigurationError,
     ContextLengthExceededError,
     EngineError,
     EngineRequestError,
     EngineThrottledError,
     EngineUnavailableError,
+    GenerationAbortedError,
     ResponseBudgetExhaustedError,
     TemplateError,
     ToolBackendError,
@@ -60,6 +62,8 @@ def _overflow(error: BaseException) -> BaseException:
     (EngineUnavailableError("down"), TerminationReason.ENGINE_ERROR),
     (EngineThrottledError("429"), TerminationReason.ENGINE_ERROR),
     (_wrapped(EngineUnavailableError("aborted")), TerminationReason.ENGINE_ERROR),
+    (_wrapped(GenerationAbortedError("the server cut the generation")), TerminationReason.ENGINE_ERROR),
+    (AbortUnsupportedError("cancel() cannot abort verl's request"), TerminationReason.ERROR),
     (ToolBackendError("index down"), TerminationReason.TOOL_BACKEND_ERROR),
     (asyncio.TimeoutError(), TerminationReason.TIMEOUT),
     (ContextLengthExceededError("too long"), TerminationReason.CONTEXT_OVERFLOW),

@@ -30,7 +30,8 @@ from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: E402
 from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 
 from rllm.engine.rollout.verl_engine import PromptTooLongError  # noqa: E402
-from rllm.training.verl.agent_loop import StrandsAgentLoop  # noqa: E402
+from rllm.testing.scripted_tokens import Cut  # noqa: E402
+from rllm.training.verl.agent_loop import RolloutOutcome, StrandsAgentLoop  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[4]
 from fixtures.verl_loop import (  # noqa: E402
@@ -38,9 +39,11 @@ from fixtures.verl_loop import (  # noqa: E402
     LOOKUPS,
     SAMPLING,
     SYSTEM,
+    EmbeddedServerClient,
     FakeServerManager,
     RewardHandle,
     build_loop,
+    compose,
     lookup_call,
     row,
     sampled_positions,
@@ -215,6 +218,77 @@ async def test_aborted_generation_is_an_infrastructure_failure_excluded_from_the
     scored = compute_score("hotpotqa", "ignored", GROUND_TRUTH, {**row()["extra_info"], **kept.extra_fields},
                            scorer="rllm.agents.search:score_search_answer")
     assert scored["score"] == 0.0
+
+
+async def test_a_cut_generation_that_reads_as_a_tool_call_never_runs_it_and_is_dropped(tokenizer) -> None:
+    # verl's servers cut the call (stop reason "aborted", the tokens sampled so far handed back): a complete call.
+    script = turns_script(Cut(lookup_call("France")), "\\boxed{Paris}")
+    LOOKUPS.clear()
+    server = FakeServerManager(tokenizer, script)
+    loop, _ = build_loop(tokenizer, server)
+    outcome = RolloutOutcome()
+
+    assert await loop.run(dict(SAMPLING), **row(), rllm_outcome=outcome) == []
+    assert LOOKUPS == [] and len(server.calls) == 1  # the tool never ran, and nothing was generated after
+    assert tokenizer.decode(server.calls[0]["token_ids"]) == lookup_call("France")
+    assert outcome.dropped and outcome.cause.startswith("GenerationAbortedError: ")
+
+    loop, _ = build_loop(tokenizer, FakeServerManager(tokenizer, script))
+    output = await loop.rollout(dict(SAMPLING), **row())
+    extra = output.extra_fields
+    assert extra["termination_reason"] == "engine_error" and extra["infra_failure"] is True
+    assert output.response_ids == [] and output.response_mask == []  # the cut turn is not in the trace
+    assert LOOKUPS == []
+
+
+async def test_a_cancelled_rollout_is_dropped_not_trained_with_reward_zero(tokenizer) -> None:
+    # The tool cancels the run (as Strands' stop tool does): no answer, and not the policy's outcome either.
+    def build(*overrides: str) -> tuple[StrandsAgentLoop, FakeServerManager]:
+        server = FakeServerManager(tokenizer, turns_script(lookup_call("France"), "\\boxed{Paris}"))
+        loop, _ = build_loop(tokenizer, server, *overrides, tool_factory="fixtures.verl_loop:cancelling_tools",
+                             tool_kwargs={})
+        return loop, server
+
+    LOOKUPS.clear()
+    loop, server = build()
+    outcome = RolloutOutcome()
+    assert await loop.run(dict(SAMPLING), **row(), rllm_outcome=outcome) == []
+    assert LOOKUPS == ["France"] and len(server.calls) == 1  # stopped after the tool round
+    assert outcome.dropped and outcome.cause == "cancelled"
+
+    loop, _ = build()
+    output = await loop.rollout(dict(SAMPLING), **row())
+    extra = output.extra_fields
+    assert extra["termination_reason"] == "cancelled" and extra["infra_failure"] is False
+    assert extra["final_answer"] == "" and set(output.response_mask) == {0}  # no gradient, even under v0
+
+    loop_v0, _ = build("trainer.use_v1=false")
+    kept = await loop_v0.run(dict(SAMPLING), **row())
+    assert isinstance(kept, AgentLoopOutput) and set(kept.response_mask) == {0}
+
+
+async def test_the_embedded_engine_aborting_a_written_tool_call_drops_the_rollout(tokenizer, tmp_path) -> None:
+    # The real TransformersEngine behind the embedded rollout server, its tiny model forced to write the call;
+    # the engine aborts right after it (what the server's abort_all_requests does at a weight sync).
+    from rllm.testing.tiny_models import ForcedCausalLM, build_tiny_qwen3
+    from rllm.training.verl.embedded_rollout import EmbeddedRolloutServer
+
+    build_tiny_qwen3(tokenizer, out_dir=tmp_path)
+    config = compose(f"actor_rollout_ref.model.path={tmp_path}", "actor_rollout_ref.rollout.dtype=float32",
+                     "actor_rollout_ref.rollout.max_model_len=4096", "actor_rollout_ref.rollout.max_num_seqs=1")
+    embedded = EmbeddedRolloutServer(config.actor_rollout_ref.rollout, config.actor_rollout_ref.model, 0, device="cpu")
+    engine = embedded.engine
+    engine.model = ForcedCausalLM(engine.model, tokenizer.encode(lookup_call("France")), tokenizer.encode("\n")[0],
+                                  on_written=engine.abort)
+    client = EmbeddedServerClient(embedded)
+    loop, _ = build_loop(tokenizer, client)
+    LOOKUPS.clear()
+
+    assert await loop.run(dict(SAMPLING), **row()) == []
+    assert LOOKUPS == [] and engine.stats.aborted == 1
+    [answer] = client.answers
+    assert answer.stop_reason == "aborted"
+    assert tokenizer.decode(answer.token_ids) == lookup_call("France") + "\n"  # a complete call, cut
 
 
 async def test_tool_error_is_the_policys_but_a_dead_tool_backend_is_infrastructure(tokenizer) -> None:

@@ -1,0 +1,58 @@
+"""``StrandsWorkflow`` under the batch runner: a cancelled rollout is recorded, never scored, never retried.
+
+Real Strands agent and tool, Qwen's real tokenizer and Qwen3's shipped template, a scripted token
+policy; the tool cancels its agent's run (``agent.cancel()``, as a caller or Strands' ``stop`` tool would).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from strands import ToolContext, tool
+
+from rllm.eval.reports import search_report
+from rllm.rewards.base import RewardOutput
+from rllm.testing.chat_templates import FAMILIES
+from rllm.testing.scripted_tokens import ScriptedTokenEngine
+from rllm.types import TerminationReason
+from rllm.workflows import AgentWorkflowEngine, StrandsWorkflow
+
+CALL = '<tool_call>\n{"name": "lookup", "arguments": {"key": "alpha"}}\n</tool_call>'
+
+
+def _cancelling_lookup(after_current_tools: bool) -> Any:
+    @tool(context=True)
+    def lookup(key: str, tool_context: ToolContext) -> str:
+        """Look a key up."""
+        tool_context.agent.cancel(after_current_tools=after_current_tools)
+        return f"{key} holds 7"
+
+    return lookup
+
+
+@pytest.mark.parametrize("after_current_tools", [False, True])
+async def test_a_cancelled_rollout_is_recorded_unscored_and_not_retried(after_current_tools: bool) -> None:
+    engine = ScriptedTokenEngine(FAMILIES["qwen3"].tokenizer(),
+                                 lambda prompt: "\\boxed{7}" if "<tool_response>" in prompt else CALL)
+    scored: list[str] = []
+
+    def reward(task: dict[str, Any], answer: str) -> RewardOutput:
+        scored.append(answer)
+        return RewardOutput(reward=0.0, is_correct=False)
+
+    runner = AgentWorkflowEngine(
+        StrandsWorkflow, {"tools": [_cancelling_lookup(after_current_tools)], "system_prompt": "Answer in \\boxed{}.",
+                          "reward_fn": reward},
+        engine, n_parallel_tasks=1, retry_limit=2, retry_backoff=0.0, progress=False)
+    [episode] = await runner.execute_tasks([{"id": "t", "question": "What does alpha hold?"}])
+
+    assert len(engine.prompts) == 1  # the run stopped after the tool round
+    assert episode.termination_reason is TerminationReason.CANCELLED
+    assert scored == [] and episode.reward == 0.0 and not episode.is_correct  # never scored
+    assert episode.info["attempts"] == 1 and episode.info["error"] == "cancelled"  # not retried, reason kept
+    assert len(episode.trajectories[0].steps) == 1  # what it did is kept
+    stats = runner.stats
+    assert stats.cancelled == 1 and stats.scored == 0 and stats.infrastructure_failures == 0
+    report = search_report([episode])
+    assert report["scored"] == 0 and report["cancelled"] == 1 and report["infrastructure_failures"] == 0
