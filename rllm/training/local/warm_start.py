@@ -83,17 +83,19 @@ def sampled_log_probs(model: Any, rows: Sequence[dict[str, Any]], *, temperature
 
 
 def supervised_step(model: Any, optimizer: torch.optim.Optimizer, rows: Sequence[dict[str, Any]], *,
-                    micro_batch_size: int = 32, grad_clip: float = 1.0) -> float:
+                    micro_batch_size: int = 16, grad_clip: float = 1.0) -> float:
     """One optimizer step of token-mean next-token loss on the sampled tokens of ``rows``; the loss.
 
     Micro-batches add up to the whole batch's token-mean (verl's ``agg_loss`` with the batch's token
-    count), so ``micro_batch_size`` changes memory, not the gradient.
+    count), so ``micro_batch_size`` changes memory, not the gradient; rows of similar length share
+    one (sorted by length), so little of a micro-batch is padding.
     """
     if not rows:
         raise ValueError("a supervised step needs at least one row")
     tokens = sum(int(sum(r["response_mask"])) for r in rows)
     if tokens == 0:
         raise ValueError("the rows have no sampled tokens to learn from")
+    rows = sorted(rows, key=lambda r: len(r["prompt_ids"]) + len(r["response_ids"]))
     model.train()
     optimizer.zero_grad(set_to_none=True)
     total = 0.0
@@ -110,7 +112,7 @@ def supervised_step(model: Any, optimizer: torch.optim.Optimizer, rows: Sequence
 
 
 def warm_start(model: Any, demonstrations: Sequence[Rollout], *, steps: int, batch_size: int, lr: float,
-               seed: int = 0, micro_batch_size: int = 32, optimizer: torch.optim.Optimizer | None = None,
+               seed: int = 0, micro_batch_size: int = 16, optimizer: torch.optim.Optimizer | None = None,
                warmup_steps: int = 0, log_every: int = 50) -> list[float]:
     """``steps`` supervised steps on random batches of ``demonstrations``, in place on ``model``; the losses.
 

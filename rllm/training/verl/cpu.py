@@ -65,14 +65,18 @@ CPU_OVERRIDES = [
     "reward.num_workers=1",
     "actor_rollout_ref.actor.fsdp_config.use_torch_compile=false",
     "actor_rollout_ref.model.use_remove_padding=false",
+    "actor_rollout_ref.model.use_fused_kernels=true",
 ]
 """Hydra overrides that fit a recipe to one CPU process: one logical GPU, one storage unit, sdpa,
 FSDP2, the embedded rollout backend in fp32 (fp16 does not work on CPU: see ``check_precision``).
-And three that cost a 2-core machine most of a step (measured: README, "verl's step on a CPU"): one
+And four that cost a 2-core machine most of a step (measured: README, "verl's step on a CPU"): one
 reward worker, not verl's 8 (each a Python process importing verl and torch at start-up); no
-``torch.compile`` of the entropy function (inductor compiles C++ on the first step); and padded
-rather than packed micro-batches (``use_remove_padding``: packed rows share one attention call under
-``sdpa``, whose cost grows with the square of the whole micro-batch's length)."""
+``torch.compile`` of the entropy function (inductor compiles C++ on the first step); padded rather
+than packed micro-batches (``use_remove_padding``: packed rows share one attention call under
+``sdpa``, whose cost grows with the square of the whole micro-batch's length); and verl's fused
+output layer (``use_fused_kernels``, its pure-torch backend), which computes each position's log-prob
+from the hidden state in chunks instead of materialising the logits of every prompt and response
+position (the log-probs are the same: the gap guard measures them)."""
 
 
 def cpu_mode() -> bool:
