@@ -58,6 +58,8 @@ NOT_RUN_COMMANDS: dict[str, str] = {
 }
 # Scripts whose extra flags go to another program: check them against that program's help too.
 PASSES_FLAGS_TO = {"rag/launch_rag.sh": [sys.executable, "-m", "rag.server"]}
+# Scripts whose first flag picks another program (with its own --help), like a subcommand.
+MODE_FLAGS = {"scripts/quickstart.sh": ("--search",)}
 
 
 @dataclass(frozen=True)
@@ -157,6 +159,8 @@ def _help_command(words: list[str]) -> list[str]:
     if program == "bash":
         assert (ROOT / rest[0]).is_file(), f"no script {rest[0]}"
         head, rest = ["bash", rest[0]], rest[1:]
+        if rest and rest[0] in MODE_FLAGS.get(head[1], ()):
+            head.append(rest.pop(0))
     elif program in ("python", "python3", ".venv/bin/python"):
         if rest[0] == "-m":
             assert importlib.util.find_spec(rest[1]) is not None, f"no module {rest[1]}"

@@ -15,7 +15,7 @@ import pytest
 from fixtures.keyed_server import KeyedOpenAIServer
 from rich.console import Console
 
-from rllm.eval import gaia, quickstart, search
+from rllm.eval import gaia, search, search_quickstart
 from rllm.eval.models import add_model_arguments, check_model_arguments, choose_model, open_engine
 from rllm.processes import free_port
 from rllm.testing.scripted_server import ScriptedReply
@@ -25,7 +25,8 @@ WARNING = ("--api-key on the command line is visible to every user of this machi
            "environment instead")
 
 
-@pytest.mark.parametrize("main", [search.main, quickstart.main, gaia.main], ids=["search", "quickstart", "gaia"])
+@pytest.mark.parametrize("main", [search.main, search_quickstart.main, gaia.main],
+                         ids=["search", "search_quickstart", "gaia"])
 def test_every_eval_names_the_key_s_variable_in_its_help(main: Callable[[list[str]], int],
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
