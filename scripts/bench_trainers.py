@@ -9,7 +9,9 @@ Warm-starts the learning proof's model once (rllm.training.verl.proof.prepare_ve
 saved model, without held-out evaluation. Each step is timed whole: rollouts, log-probs and the
 update (verl: timing_s/step; local: rollouts + update). The first step of each is left out of the
 medians (verl's warm-up). Prints a table and writes DIR/bench.json; the ratio is verl's median step
-over the local trainer's, from this one run.
+over the local trainer's, from this one run. Both trainers start from the warm-started weights with a
+fresh AdamW at the RL learning rate, so their policies, and the rollouts each step trains on, move alike
+(each row prints its mean response tokens).
 """
 
 from __future__ import annotations
@@ -26,11 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from rllm.training.local.proof import ProofConfig
+from rllm.training.local.rloo import LocalRLOOTrainer, default_actor_config
 from rllm.training.verl.proof import prepare_verl_proof, run_verl_trainer, verl_overrides
 
 logger = logging.getLogger("bench_trainers")
 
-VERL_TIMINGS = {"step": "timing_s/step", "rollouts": "timing_s/gen", "old_log_prob": "timing_s/old_log_prob",
+VERL_TIMINGS = {"step": "timing_s/step", "rollouts": "timing_s/rllm_rollouts", "old_log_prob": "timing_s/old_log_prob",
                 "update": "timing_s/update_actor", "weight_sync": "timing_s/update_weights"}
 
 
@@ -54,13 +57,17 @@ def main(argv: list[str] | None = None) -> int:
     config = ProofConfig.for_device(args.device, seed=args.seed, rl_steps=args.steps)
 
     proof, _, warm_seconds = prepare_verl_proof(config, args.out)
-    for group in proof.trainer.optimizer.param_groups:
-        group["lr"] = config.rl_lr
+    # A fresh AdamW at the RL learning rate, as verl's actor starts (the learning proof keeps the warm start's
+    # moments): both policies then move alike, and so do the lengths of the rollouts each step trains on.
+    proof.trainer = LocalRLOOTrainer(proof.model, default_actor_config(config.prompts_per_step,
+                                                                       config.rollouts_per_prompt,
+                                                                       config.micro_batch_size),
+                                     lr=config.rl_lr, temperature=config.temperature)
     local = []
     for step in range(1, args.steps + 1):
         row = proof.rl_step(step)
         local.append({"step": row["step_seconds"], "rollouts": row["rollout_seconds"],
-                      "update": row["update_seconds"], "sampled_tokens": row["sampled_tokens"]})
+                      "update": row["update_seconds"], "response_tokens": row["response_tokens"]})
         logger.info("local step %d: %s", step, local[-1])
     del proof
     gc.collect()
@@ -71,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         data = line["data"]
         if line["step"] > 0:
             verl.append({name: float(data[key]) for name, key in VERL_TIMINGS.items() if key in data}
-                        | {"sampled_tokens": float(data.get("response_length/mean", float("nan")))})
+                        | {"response_tokens": float(data.get("response_length/mean", float("nan")))})
             logger.info("verl step %d: %s", line["step"], verl[-1])
 
     overrides = [*verl_overrides(config, args.out / "warm_start_model", args.out / "data", args.out),
@@ -99,9 +106,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nmedian RL step over steps 2-{args.steps} ({config.prompts_per_step} prompts x "
           f"{config.rollouts_per_prompt} rollouts, {args.device}):")
     print(f"  local trainer  {result['local_median_step']:6.1f} s  (rollouts {_median(local, 'rollouts'):.1f} s, "
-          f"update {_median(local, 'update'):.1f} s)")
-    print(f"  verl's trainer {result['verl_median_step']:6.1f} s  (update {_median(verl, 'update'):.1f} s, "
-          f"log-prob audit {_median(verl, 'old_log_prob'):.1f} s, weight sync {_median(verl, 'weight_sync'):.1f} s)")
+          f"update {_median(local, 'update'):.1f} s; {_median(local, 'response_tokens'):.0f} response tokens "
+          "per rollout)")
+    print(f"  verl's trainer {result['verl_median_step']:6.1f} s  (rollouts {_median(verl, 'rollouts'):.1f} s, "
+          f"update {_median(verl, 'update'):.1f} s, log-prob audit {_median(verl, 'old_log_prob'):.1f} s, "
+          f"weight sync {_median(verl, 'weight_sync'):.1f} s; {_median(verl, 'response_tokens'):.0f} response "
+          "tokens per rollout)")
     print(f"  verl / local   {result['ratio']:6.2f}x")
     return 0
 

@@ -88,7 +88,7 @@ class ProofConfig:
     rl_steps: int = 50
     prompts_per_step: int = 8
     rollouts_per_prompt: int = 8
-    rl_lr: float = 1e-4
+    rl_lr: float = 3e-4
     temperature: float = 1.0
     max_tokens: int = 48
     response_length: int = 320
@@ -308,11 +308,12 @@ class LearningProof:
 
 
 def _episode_stats(rollouts: Sequence[Rollout]) -> dict[str, float]:
-    """Per-episode means: tool calls, turns, sampled tokens; the share of responses cut."""
+    """Per-episode means: tool calls, turns, sampled tokens, response tokens (tool results too); the share cut."""
     return {
         "tool_calls": statistics.fmean(r.metrics["tool_calls"] for r in rollouts),
         "turns": statistics.fmean(r.metrics["turns"] for r in rollouts),
         "sampled_tokens": statistics.fmean(r.metrics["completion_tokens"] for r in rollouts),
+        "response_tokens": statistics.fmean(len(r.fields["response_ids"]) for r in rollouts),
         "truncated": statistics.fmean(float(r.truncated) for r in rollouts),
     }
 
