@@ -17,13 +17,12 @@ rollout server unreachable, failing, throttled or aborting the generation
 (``rllm.errors.InfrastructureError`` from the engine), a tool's backend marking its own failure (a
 tool raising an ``InfrastructureError`` such as ``ToolBackendError``, or one of
 ``infra_exceptions``), the rollout running past ``timeout_s``, or the run cancelled (``CANCELLED``:
-no outcome of the policy to train on). In verl's v1 trainer (the default) ``run`` then returns an
-empty list, which verl's TransferQueue worker stores as "no trajectory for this session": the
-rollout carries no tokens, gets no reward and takes no part in its group's RLOO baseline
-(``compute_rloo_outcome_advantage`` groups whatever rows share a ``uid``). The legacy v0 trainer
-cannot drop a row, so there it is returned with an all-zero ``response_mask`` (no gradient), an
-infrastructure failure flagged ``infra_failure``, and the reward function scores it 0 (which still
-enters its group's baseline: use v1).
+no outcome of the policy to train on). ``run`` then returns an empty list, which verl's v1
+TransferQueue worker stores as "no trajectory for this session": the rollout carries no tokens, gets
+no reward and takes no part in its group's RLOO baseline (``compute_rloo_outcome_advantage`` groups
+whatever rows share a ``uid``). (verl's legacy v0 trainer, which cannot drop a row, is refused at
+launch.) ``rollout`` still returns such a rollout's output, flagged and with an all-zero
+``response_mask``, for whoever inspects it.
 
 Anything else (a template error, a ``TypeError``, an unknown tool factory, a tool backend
 refusing its credentials with a ``ConfigurationError``) raises out of ``run`` with its cause:
@@ -274,12 +273,11 @@ class StrandsAgentLoop(AgentLoopBase):
         self.prompt_length = int(self.rollout_config.prompt_length)
         self.response_length = int(self.rollout_config.response_length)
         self.context_length = int(self.rollout_config.get("max_model_len") or self.prompt_length + self.response_length)
-        self.use_v1 = bool(OmegaConf.select(self.config, "trainer.use_v1", default=True))
 
     async def run(  # type: ignore[override]  # verl's v1 worker stores an empty list as "no trajectory"
         self, sampling_params: dict[str, Any], **kwargs: Any,
     ) -> AgentLoopOutput | list[AgentLoopOutput]:
-        """Run one rollout of the row; an infrastructure failure yields no trajectory (v1), any other error raises.
+        """Run one rollout of the row; an infrastructure failure or a cancelled run yields none, any other error raises.
 
         A ``RolloutOutcome`` passed as ``rllm_outcome`` (by ``StrandsAgentLoopWorker``) is filled
         in with what became of the rollout.
@@ -297,8 +295,7 @@ class StrandsAgentLoop(AgentLoopBase):
             logger.warning("rollout excluded from the update (%s): %s", extra["termination_reason"], cause)
             if isinstance(outcome, RolloutOutcome):
                 outcome.dropped, outcome.cause = True, cause
-            if self.use_v1:
-                return []
+            return []
         return output
 
     def _system_prompt(self, from_row: str | None) -> str:

@@ -12,7 +12,8 @@ CPU platform; what it takes:
   cuda/npu only), which then runs on this platform's device, ``cpu``;
 * a gloo-only process group: verl builds ``cpu:gloo,<device>:<backend>``, which with device
   ``cpu`` is ``cpu:gloo,cpu:gloo`` and torch refuses a device twice. verl has no hook for the
-  backend, so ``_gloo_only`` wraps the one function the FSDP worker calls (pinned by a test);
+  backend, so ``rllm.training.verl.verl_internals.use_gloo_process_group`` wraps the one function
+  the FSDP worker calls (``tests/rllm/training/verl/test_verl_internals.py`` pins it);
 * TransferQueue sized for a small machine (one storage unit; its default of 8 asks Ray for 8 CPUs
   and waits forever on 2 cores), ``sdpa`` attention (flash-attn is GPU only) and FSDP2 (FSDP1
   refuses CPU parameters).
@@ -20,12 +21,10 @@ CPU platform; what it takes:
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -84,23 +83,54 @@ def cpu_mode() -> bool:
     return os.environ.get(CPU_SWITCH, "").strip().lower() in {"1", "true", "yes"}
 
 
-class _CPUDevice(SimpleNamespace):
-    """What verl calls on ``get_torch_device()``, for the CPU: ``torch.cpu`` where it has it, no-ops elsewhere."""
+def _zero(*args: Any, **kwargs: Any) -> int:
+    return 0
+
+
+def _nothing(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+class _CPUDevice:
+    """What verl 0.9.1 calls on ``get_torch_device()`` (its ``torch.cuda``), answered for the CPU; nothing else.
+
+    ``torch.cpu``'s own functions where it has them (streams, events, synchronize, device count);
+    memory statistics are 0 and cache control does nothing (the host has no device allocator); the
+    RNG state is torch's. Any other name raises ``AttributeError`` naming it, so a verl call this
+    platform does not know fails where it is made instead of doing nothing.
+    """
+
+    is_available = staticmethod(torch.cpu.is_available)
+    synchronize = staticmethod(torch.cpu.synchronize)
+    current_stream = staticmethod(torch.cpu.current_stream)
+    stream = staticmethod(torch.cpu.stream)
+    Stream = torch.cpu.Stream
+    Event = torch.cpu.Event
+    device_count = staticmethod(torch.cpu.device_count)
+    current_device = staticmethod(torch.cpu.current_device)
+    set_device = staticmethod(_nothing)
+    empty_cache = staticmethod(_nothing)
+    ipc_collect = staticmethod(_nothing)
+    set_per_process_memory_fraction = staticmethod(_nothing)
+    reset_peak_memory_stats = staticmethod(_nothing)
+    memory_allocated = staticmethod(_zero)
+    memory_reserved = staticmethod(_zero)
+    max_memory_allocated = staticmethod(_zero)
+    max_memory_reserved = staticmethod(_zero)
+    get_rng_state = staticmethod(torch.get_rng_state)
+    set_rng_state = staticmethod(torch.set_rng_state)
+
+    @staticmethod
+    def mem_get_info(*args: Any, **kwargs: Any) -> tuple[int, int]:
+        return 0, 0
+
+    @staticmethod
+    def get_device_name(*args: Any, **kwargs: Any) -> str:
+        return "cpu"
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        if hasattr(torch.cpu, name):
-            return getattr(torch.cpu, name)
-        if name in {"memory_allocated", "memory_reserved", "max_memory_allocated", "max_memory_reserved"}:
-            return lambda *args, **kwargs: 0
-        if name == "mem_get_info":
-            return lambda *args, **kwargs: (0, 0)
-        if name in {"get_rng_state", "set_rng_state"}:
-            return getattr(torch, name)
-        if name == "get_device_name":
-            return lambda *args, **kwargs: "cpu"
-        return lambda *args, **kwargs: None
+        raise AttributeError(f"the CPU platform's device module has no {name!r}: verl called a device function "
+                             "rllm's CPU mode does not know (rllm.training.verl.cpu._CPUDevice lists those it does)")
 
 
 def register_cpu_platform() -> None:
@@ -189,32 +219,10 @@ def register_cpu_platform() -> None:
             return None
 
 
-def _gloo_only(initialize: Any) -> Any:
-    @functools.wraps(initialize)
-    def wrapped(timeout_second: Any = None, backend: str | None = None) -> Any:
-        return initialize(timeout_second=timeout_second, backend=backend or "cpu:gloo")
-
-    wrapped.__rllm_gloo_only__ = True  # type: ignore[attr-defined]
-    return wrapped
-
-
-def use_gloo_process_group() -> None:
-    """Make verl's FSDP workers start a gloo-only process group (verl would ask for gloo on ``cpu`` twice).
-
-    verl 0.9.1 offers no hook for the backend: ``verl.workers.engine_workers`` calls
-    ``initialize_global_process_group_ray(timeout_second=None)``, imported by name, which builds
-    ``cpu:gloo,{device}:{backend}``. This replaces that name in that module only, with a wrapper
-    passing ``backend="cpu:gloo"``; ``tests/rllm/training/verl/test_cpu.py`` fails if verl changes it.
-    """
-    import verl.workers.engine_workers as engine_workers
-
-    current = engine_workers.initialize_global_process_group_ray
-    if not getattr(current, "__rllm_gloo_only__", False):
-        engine_workers.initialize_global_process_group_ray = _gloo_only(current)
-
-
 def activate() -> None:
     """Everything a process of a CPU run needs from the plugin: the platform and the gloo process group."""
+    from rllm.training.verl.verl_internals import use_gloo_process_group
+
     register_cpu_platform()
     use_gloo_process_group()
     logger.debug("verl CPU mode: platform 'cpu' registered, gloo-only process group")

@@ -2,7 +2,9 @@
 
 Training can go on looking healthy while learning nothing. Each way it can is measured on every
 step from the batch verl trained on, logged beside verl's own metrics under ``rllm/guard/``, and
-checked against the recipe's ``rllm.guards`` block (on by default; ``null`` turns one off):
+checked against the recipe's ``rllm.guards`` block (on by default; ``null`` turns one off). A guard
+that is on but cannot read what it checks stops the step at once, saying so: off is a setting,
+never an accident.
 
 * ``max_logprob_gap``: the mean |log-prob the rollout sampled with - log-prob the actor computes|
   over sampled tokens, before the update. Far apart, the served weights are not the trained ones (a
@@ -10,19 +12,26 @@ checked against the recipe's ``rllm.guards`` block (on by default; ``null`` turn
   verl's decoupled mode recomputes every rollout's log-probs, so all are compared; in its bypass mode
   (``algorithm.rollout_correction.bypass_mode``, the recipes' default: the update uses the sampler's
   exact log-probs) the actor recomputes them for ``logprob_audit_rollouts`` rollouts of the step.
+* Group integrity, always: an RLOO group is the rollouts of one prompt. A group whose rollouts began
+  from different prompt tokens, a prompt (its dataset row) whose rollouts landed in two groups, or a
+  group with more rollouts than ``rollout.n`` gives wrong advantages silently, so it stops. The share
+  of groups whose advantages are all zero is logged (``zero_advantage_group_share``).
 * ``min_rollouts_per_group``: RLOO's baseline needs ``rollout.n >= 2``; a group of one turns it into
-  plain REINFORCE with no baseline (refused at launch, and any step with a group smaller than
-  this stops).
+  plain REINFORCE with no baseline (refused at launch, and any step with a group smaller than this
+  stops: a dropped rollout can leave one).
 * ``max_truncated_share``: the share of responses cut at ``response_length``. Stop above it.
 * ``max_steps_without_signal``: steps in a row whose reward is constant within every group (no
   gradient at all). Stop after that many.
 * tool calls per episode falling to zero after they were above it: a warning with the step (a
   policy may legitimately stop calling tools, but never unnoticed).
-* a loss or entropy that is NaN or infinite: stop with the step, always.
+* a loss or entropy that is NaN or infinite, or a NaN gradient norm, stops with the step, always (an
+  infinite gradient norm alone is fp16's grad scaler skipping that update, not a stop).
 
-``GuardedTaskRunner`` checks the rollout guards once verl has the actor's log-probs and the rewards,
-before the update (``check_rollouts``), and the loss right after the update (``check_update``),
-before the step's checkpoint and weight sync.
+The served weights are also compared with the actor's after every sync, by fingerprint
+(``rllm.training.verl.served_weights``). ``GuardedTrainer`` (``rllm.training.verl.runner``) checks
+the rollout guards once verl has the rewards and the audited log-probs, before the update
+(``check_rollouts``), and the loss right after the update (``check_update``), before the step's
+checkpoint and weight sync.
 """
 
 from __future__ import annotations
@@ -30,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,16 +48,21 @@ from rllm.errors import TrainingGuardError
 
 logger = logging.getLogger(__name__)
 
+GUARDED_MODE = "rllm_sync"
+"""``trainer.v1.trainer_mode`` under which the guards run: verl's synchronous trainer with rllm's guards
+(``rllm.training.verl.runner.GuardedTrainer``); verl's own ``sync`` runs without them."""
 GUARDS_KEY = "rllm.guards"
 """Where the recipe holds the guard settings (the fields of ``GuardSettings``)."""
 PREFIX = "rllm/guard/"
 """Prefix of the guard metrics in verl's logged metrics."""
 
-_FINITE_METRICS = ("actor/loss", "actor/pg_loss", "actor/entropy_loss", "actor/kl_loss", "actor/entropy")
+_LOSS_METRICS = ("actor/loss", "actor/pg_loss", "actor/entropy_loss", "actor/kl_loss", "actor/entropy")
 """What verl 0.9.1's v1 trainer logs for the update: ``actor/loss`` is the loss it backpropagates (``pg_loss``
 minus ``entropy_coeff * entropy_loss`` plus ``kl_loss_coef * kl_loss``; the last two only when computed), and
-``actor/entropy`` the token-mean entropy of the step's responses. Not ``actor/grad_norm``: with fp16 on a GPU
-the grad scaler's early overflows give an infinite norm for an update it then skips, which is not a NaN step."""
+``actor/entropy`` the token-mean entropy of the step's responses (only when verl recomputes log-probs)."""
+_GRAD_NORM = "actor/grad_norm"
+"""NaN stops; infinite does not: with fp16 on a GPU the grad scaler's early overflows give an infinite norm for an
+update it then skips."""
 
 
 @dataclass(frozen=True)
@@ -90,18 +104,53 @@ class StepRollouts:
     Attributes:
         groups: Each rollout's group (verl's ``uid``).
         rewards: Each rollout's reward (its ``rm_scores`` summed).
-        rollout_logprobs: Per rollout, the log-probs its tokens were sampled with (sampled tokens only).
-        actor_logprobs: Per rollout, the actor's log-probs of the same tokens.
-        truncated: Per rollout, whether its response was cut at ``response_length``.
+        prompts: Each rollout's first prompt, as token ids (rollouts of one group must share it).
+        rows: Each rollout's dataset row (``extra_info.index``), ``None`` where the row has none.
+        rollout_logprobs: Per compared rollout, the log-probs its tokens were sampled with (sampled tokens only).
+        actor_logprobs: Per compared rollout, the actor's log-probs of the same tokens.
+        truncated: Per rollout, whether its response was cut at ``response_length`` (``None``: not reported).
         tool_calls: Per rollout, its tool calls (``None`` where the loop did not report them).
+        rollouts_per_prompt: verl's ``rollout.n`` (``None``: not checked).
     """
 
     groups: Sequence[Any]
     rewards: Sequence[float]
+    prompts: Sequence[Sequence[int]] = field(default_factory=list)
+    rows: Sequence[Any] = field(default_factory=list)
     rollout_logprobs: Sequence[Sequence[float]] = field(default_factory=list)
     actor_logprobs: Sequence[Sequence[float]] = field(default_factory=list)
-    truncated: Sequence[bool] = field(default_factory=list)
+    truncated: Sequence[bool | None] = field(default_factory=list)
     tool_calls: Sequence[float | None] = field(default_factory=list)
+    rollouts_per_prompt: int | None = None
+
+
+def group_violations(rollouts: StepRollouts) -> list[str]:
+    """What is wrong with the step's RLOO groups: mixed prompts, split prompts, oversized groups (empty: nothing)."""
+    problems = []
+    prompts: dict[Any, set[tuple[int, ...]]] = defaultdict(set)
+    for group, prompt in zip(rollouts.groups, rollouts.prompts, strict=False):
+        prompts[group].add(tuple(prompt))
+    mixed = [group for group, found in prompts.items() if len(found) > 1]
+    if mixed:
+        problems.append(f"group {mixed[0]} holds rollouts of {len(prompts[mixed[0]])} different prompts "
+                        f"({len(mixed)} such group(s))")
+    groups_of_row: dict[Any, set[Any]] = defaultdict(set)
+    for group, row in zip(rollouts.groups, rollouts.rows, strict=False):
+        if row is not None:
+            groups_of_row[row].add(group)
+    split = [row for row, found in groups_of_row.items() if len(found) > 1]
+    if split:
+        problems.append(f"the rollouts of dataset row {split[0]} are split across {len(groups_of_row[split[0]])} "
+                        f"groups ({len(split)} such row(s))")
+    if rollouts.rollouts_per_prompt is not None:
+        sizes: dict[Any, int] = defaultdict(int)
+        for group in rollouts.groups:
+            sizes[group] += 1
+        oversized = [group for group, size in sizes.items() if size > rollouts.rollouts_per_prompt]
+        if oversized:
+            problems.append(f"group {oversized[0]} has {sizes[oversized[0]]} rollouts, more than rollout.n="
+                            f"{rollouts.rollouts_per_prompt}")
+    return problems
 
 
 def step_metrics(rollouts: StepRollouts) -> dict[str, float]:
@@ -115,18 +164,28 @@ def step_metrics(rollouts: StepRollouts) -> dict[str, float]:
     metrics[f"{PREFIX}groups"] = float(len(by_group))
     metrics[f"{PREFIX}min_group_size"] = float(min(sizes)) if sizes else 0.0
     metrics[f"{PREFIX}groups_with_signal_share"] = sum(varied) / len(varied) if varied else 0.0
+    metrics[f"{PREFIX}group_violations"] = float(len(group_violations(rollouts)))
     gaps = [abs(a - b) for rollout, actor in zip(rollouts.rollout_logprobs, rollouts.actor_logprobs, strict=True)
             for a, b in zip(rollout, actor, strict=True)]
     if gaps:
         metrics[f"{PREFIX}logprob_gap_rollouts"] = float(len(rollouts.rollout_logprobs))
         metrics[f"{PREFIX}logprob_gap_mean"] = sum(gaps) / len(gaps)
         metrics[f"{PREFIX}logprob_gap_max"] = max(gaps)
-    if rollouts.truncated:
-        metrics[f"{PREFIX}truncated_share"] = sum(map(bool, rollouts.truncated)) / len(rollouts.truncated)
+    reported = [t for t in rollouts.truncated if t is not None]
+    if reported and len(reported) == len(rollouts.truncated):
+        metrics[f"{PREFIX}truncated_share"] = sum(map(bool, reported)) / len(reported)
     calls = [c for c in rollouts.tool_calls if c is not None]
     if calls:
         metrics[f"{PREFIX}tool_calls_per_episode"] = sum(calls) / len(calls)
     return metrics
+
+
+def zero_advantage_share(groups: Sequence[Any], advantages: Sequence[Sequence[float]]) -> float:
+    """The share of groups in which every rollout's advantage is 0 on every token (no gradient from them)."""
+    zero: dict[Any, bool] = {}
+    for group, values in zip(groups, advantages, strict=True):
+        zero[group] = zero.get(group, True) and all(v == 0 for v in values)
+    return sum(zero.values()) / len(zero) if zero else 0.0
 
 
 class TrainingGuards:
@@ -137,39 +196,75 @@ class TrainingGuards:
         self.steps_without_signal = 0
         self.tools_were_used = False
 
-    def check(self, step: int, metrics: dict[str, Any]) -> list[str]:
+    def check(self, step: int, metrics: dict[str, Any], rollouts: StepRollouts | None = None) -> list[str]:
         """Both checks of a step (``check_update`` then ``check_rollouts``); the warnings."""
         self.check_update(step, metrics)
-        return self.check_rollouts(step, metrics)
+        return self.check_rollouts(step, metrics, rollouts)
 
     def check_update(self, step: int, metrics: dict[str, Any]) -> None:
-        """Raise when the update's loss or entropy is NaN or infinite."""
-        for name in _FINITE_METRICS:
-            value = metrics.get(name)
-            if value is not None and not math.isfinite(float(value)):
+        """Raise when the update's loss or entropy is NaN or infinite, its gradient norm NaN, or no loss was logged."""
+        present = [name for name in _LOSS_METRICS if metrics.get(name) is not None]
+        if not present:
+            raise TrainingGuardError(f"step {step}: verl logged no loss for the update ({', '.join(_LOSS_METRICS)}); "
+                                     "the NaN guard cannot read it", step=step)
+        for name in present:
+            value = float(metrics[name])
+            if not math.isfinite(value):
                 raise TrainingGuardError(f"step {step}: {name} is {value}; stopping instead of training on it "
                                          "(fp16 overflow? see the README's precision notes)", step=step)
+        norm = metrics.get(_GRAD_NORM)
+        if norm is not None and math.isnan(float(norm)):
+            raise TrainingGuardError(f"step {step}: {_GRAD_NORM} is nan: the update's gradient is not a number",
+                                     step=step)
 
-    def check_rollouts(self, step: int, metrics: dict[str, Any]) -> list[str]:
-        """Raise on a violated rollout guard (before the update); return the warnings (already logged)."""
-        s, warnings = self.settings, []
-        gap = metrics.get(f"{PREFIX}logprob_gap_mean")
-        if s.max_logprob_gap is not None and gap is not None and gap > s.max_logprob_gap:
-            raise TrainingGuardError(
-                f"step {step}: the rollout sampled with log-probs {gap:.3g} away from the actor's on average "
-                f"(max {metrics.get(f'{PREFIX}logprob_gap_max', float('nan')):.3g}; rllm.guards.max_logprob_gap="
-                f"{s.max_logprob_gap}): the served weights are not the ones being trained", step=step)
-        smallest = metrics.get(f"{PREFIX}min_group_size")
-        if s.min_rollouts_per_group is not None and smallest is not None and smallest < s.min_rollouts_per_group:
+    def _require(self, step: int, metrics: dict[str, Any], name: str, setting: str) -> Any:
+        value = metrics.get(f"{PREFIX}{name}")
+        if value is None:
+            raise TrainingGuardError(f"step {step}: the guard rllm.guards.{setting} is on but the step has no "
+                                     f"{PREFIX}{name} to check; turn it off explicitly (null) if that is meant",
+                                     step=step)
+        return value
+
+    def check_groups(self, step: int, rollouts: StepRollouts) -> None:
+        """Raise on wrong RLOO groups or a group too small for its baseline, before anything runs on the batch."""
+        problems = group_violations(rollouts)
+        if problems:
+            raise TrainingGuardError(f"step {step}: the RLOO groups are wrong: {'; '.join(problems)}; the "
+                                     "advantages would compare rollouts of different prompts", step=step)
+        sizes = Counter(rollouts.groups)
+        smallest = min(sizes.values(), default=None)
+        if self.settings.min_rollouts_per_group is not None and smallest is not None:
+            self._check_group_size(step, smallest)
+
+    def _check_group_size(self, step: int, smallest: float) -> None:
+        if self.settings.min_rollouts_per_group is not None and smallest < self.settings.min_rollouts_per_group:
             raise TrainingGuardError(
                 f"step {step}: a group has {int(smallest)} rollout(s); RLOO needs at least "
-                f"{s.min_rollouts_per_group} per prompt for its baseline (actor_rollout_ref.rollout.n)", step=step)
-        truncated = metrics.get(f"{PREFIX}truncated_share")
-        if s.max_truncated_share is not None and truncated is not None and truncated > s.max_truncated_share:
-            raise TrainingGuardError(
-                f"step {step}: {truncated:.0%} of the responses were cut at response_length "
-                f"(rllm.guards.max_truncated_share={s.max_truncated_share}); raise data.max_response_length "
-                "or lower the agent's budget", step=step)
+                f"{self.settings.min_rollouts_per_group} per prompt for its baseline (actor_rollout_ref.rollout.n)",
+                step=step)
+
+    def check_rollouts(self, step: int, metrics: dict[str, Any], rollouts: StepRollouts | None = None) -> list[str]:
+        """Raise on a violated rollout guard (before the update); return the warnings (already logged)."""
+        s, warnings = self.settings, []
+        if rollouts is not None:
+            self.check_groups(step, rollouts)
+        if s.max_logprob_gap is not None:
+            gap = self._require(step, metrics, "logprob_gap_mean", "max_logprob_gap")
+            if gap > s.max_logprob_gap:
+                raise TrainingGuardError(
+                    f"step {step}: the rollout sampled with log-probs {gap:.3g} away from the actor's on average "
+                    f"(max {metrics.get(f'{PREFIX}logprob_gap_max', float('nan')):.3g}; rllm.guards.max_logprob_gap="
+                    f"{s.max_logprob_gap}): the served weights are not the ones being trained", step=step)
+        smallest = metrics.get(f"{PREFIX}min_group_size")
+        if smallest is not None:
+            self._check_group_size(step, smallest)
+        if s.max_truncated_share is not None:
+            truncated = self._require(step, metrics, "truncated_share", "max_truncated_share")
+            if truncated > s.max_truncated_share:
+                raise TrainingGuardError(
+                    f"step {step}: {truncated:.0%} of the responses were cut at response_length "
+                    f"(rllm.guards.max_truncated_share={s.max_truncated_share}); raise data.max_response_length "
+                    "or lower the agent's budget", step=step)
         signal = metrics.get(f"{PREFIX}groups_with_signal_share")
         if signal is not None:
             self.steps_without_signal = self.steps_without_signal + 1 if signal == 0 else 0
@@ -193,8 +288,10 @@ def summary_line(step: int, metrics: dict[str, Any]) -> str:
     """One line of the guard metrics of a step, for the console."""
     parts = []
     for name in ("logprob_gap_max", "groups_with_signal_share", "min_group_size", "truncated_share",
-                 "tool_calls_per_episode"):
+                 "tool_calls_per_episode", "zero_advantage_group_share"):
         value = metrics.get(PREFIX + name)
         if value is not None:
             parts.append(f"{name}={value:.3g}")
+    if metrics.get("rllm/weights/fingerprint_match") is not None:
+        parts.append(f"served_weights_match={metrics['rllm/weights/fingerprint_match']:.0f}")
     return f"step {step} guards: " + ", ".join(parts)

@@ -20,8 +20,9 @@ step before anything is trained on it:
 
 Every batch goes through it: training steps, DAPO refills and validation. Waiting for the rollouts
 inside ``generate_sequences`` costs nothing with verl's synchronous trainer (``trainer.v1.trainer_mode:
-sync``, the recipe's), which waits for them anyway before sampling; the asynchronous modes would
-lose their overlap, so it refuses them. State lives on the manager and worker instances only.
+rllm_sync``, the recipes', or verl's plain ``sync``), which waits for them anyway before sampling;
+the asynchronous modes would lose their overlap, so it refuses them. State lives on the manager and
+worker instances only. The private parts of verl's worker it extends are listed in ``verl_internals``.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorke
 
 from rllm.errors import InfrastructureFailureRateError, SystemicFailureError
 from rllm.training.verl.agent_loop import OUTCOME_KWARG, RolloutOutcome
+from rllm.training.verl.guards import GUARDED_MODE
+from rllm.training.verl.verl_internals import SYNC_MODE, ray_actor_class
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +96,7 @@ class BatchReport:
                                                  max_share=max_infra_failure_share)
 
 
-class StrandsAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):  # type: ignore[name-defined,misc]
+class StrandsAgentLoopWorker(ray_actor_class(AgentLoopWorkerTQ)):  # type: ignore[misc]
     """verl's v1 agent-loop worker whose ``generate_sequences`` waits for its rollouts and reports on them."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -141,10 +144,10 @@ class StrandsAgentLoopManager(AgentLoopManagerTQ):
 
     def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(config, *args, **kwargs)
-        mode = OmegaConf.select(config, "trainer.v1.trainer_mode", default="sync")
-        if mode != "sync":
-            raise ValueError(f"StrandsAgentLoopManager waits for each batch's rollouts, which only suits "
-                             f"trainer.v1.trainer_mode=sync (got {mode!r}); unset "
+        mode = OmegaConf.select(config, "trainer.v1.trainer_mode", default=GUARDED_MODE)
+        if mode not in (GUARDED_MODE, SYNC_MODE):
+            raise ValueError(f"StrandsAgentLoopManager waits for each batch's rollouts, which only suits the "
+                             f"synchronous trainer (trainer.v1.trainer_mode={GUARDED_MODE}, got {mode!r}); unset "
                              "actor_rollout_ref.rollout.agent.agent_loop_manager_class for the async modes")
         share = OmegaConf.select(config, SHARE_KEY, default=DEFAULT_MAX_INFRA_FAILURE_SHARE)
         if share is not None and not 0 <= float(share) <= 1:

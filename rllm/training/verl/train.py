@@ -14,7 +14,9 @@ verl's own ``main``, which validates it and starts the trainer.
 ``loop_settings`` and the launch checks, and prints it, resolved, without starting Ray, a GPU or the
 retrieval server. ``--smoke`` runs two real steps of the recipe on this machine (``SMOKE_OVERRIDES``);
 ``--cpu`` runs verl on the CPU (``rllm.training.verl.cpu``). The trainer is verl's own, run by
-``GuardedTaskRunner``: every step logs the training guards and stops when one is violated. The
+``GuardedTaskRunner`` (trainer mode ``rllm_sync``): every step logs the training guards and stops when one is
+violated. Ray is started by verl's own ``run_ppo`` (``start_ray``), after verl has set the environment
+the recipe asks for. The
 retrieval server's token goes from this process's ``RETRIEVAL_TOKEN`` to the rollout workers
 through a Ray actor (``rllm.training.verl.secrets``), never through the config verl prints and
 tracks or the runtime environment Ray logs.
@@ -109,8 +111,10 @@ def check_agent_loops(config: DictConfig) -> None:
 def check_launch(config: DictConfig) -> None:
     """What would make the run not real, refused before Ray starts: every message names the key to change."""
     from rllm.training.verl.cpu import check_precision, cpu_mode
-    from rllm.training.verl.guards import GUARDS_KEY, GuardSettings
+    from rllm.training.verl.guards import GUARDED_MODE, GUARDS_KEY, GuardSettings
+    from rllm.training.verl.verl_internals import check_verl_version
 
+    check_verl_version(strict=True)
     block = OmegaConf.select(config, GUARDS_KEY, default=None)
     guards = GuardSettings.from_mapping(OmegaConf.to_container(block, resolve=True) if block is not None else None)  # type: ignore[arg-type]
     n = int(config.actor_rollout_ref.rollout.n)
@@ -121,6 +125,15 @@ def check_launch(config: DictConfig) -> None:
     if not OmegaConf.select(config, "trainer.use_v1", default=True):
         raise ValueError("trainer.use_v1=false: the Strands agent loop, its manager and the guards run on verl's "
                          "v1 trainer only")
+    mode = OmegaConf.select(config, "trainer.v1.trainer_mode")
+    if mode != GUARDED_MODE:
+        raise ValueError(f"trainer.v1.trainer_mode={mode}: the launcher runs verl's synchronous trainer with rllm's "
+                         f"training guards, trainer.v1.trainer_mode={GUARDED_MODE}")
+    bypass = OmegaConf.select(config, "algorithm.rollout_correction.bypass_mode", default=False)
+    if bypass and not OmegaConf.select(config, "actor_rollout_ref.rollout.calculate_log_probs", default=True):
+        raise ValueError("algorithm.rollout_correction.bypass_mode=true trains against the rollout's log-probs, "
+                         "which actor_rollout_ref.rollout.calculate_log_probs=false does not return")
+    check_runtime_env(config)
     if cpu_mode():
         check_precision(config)
     check_agent_loops(config)
@@ -135,30 +148,41 @@ def validate(config: DictConfig) -> None:
     check_launch(config)
 
 
-def ray_init_kwargs(config: DictConfig) -> dict[str, Any]:
-    """``ray.init``'s arguments exactly as verl's ``run_ppo`` builds them (verl's runtime env and the recipe's).
+def check_runtime_env(config: DictConfig) -> None:
+    """Refuse a secret in the recipe's Ray runtime env (``ray_kwargs.ray_init.runtime_env.env_vars``).
 
-    A secret in the recipe's runtime env is refused: verl prints the config and sends it to every
-    tracker, and Ray writes the runtime env into its session logs. The retrieval token reaches the
-    workers through ``rllm.training.verl.secrets`` instead.
+    verl prints the config and sends it to every tracker, and Ray writes the runtime env into its
+    session logs. The retrieval token reaches the workers through ``rllm.training.verl.secrets`` instead.
     """
-    from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
-
     from rllm.training.verl.secrets import SECRET_ENV_VARS
 
-    runtime_env = get_ppo_ray_runtime_env(config)
-    kwargs = OmegaConf.to_container(OmegaConf.select(config, "ray_kwargs.ray_init", default={}) or {}, resolve=True)
-    assert isinstance(kwargs, dict)
-    if config.transfer_queue.enable:
-        runtime_env.setdefault("env_vars", {})["TRANSFER_QUEUE_ENABLE"] = "1"
-    merged = OmegaConf.to_container(OmegaConf.merge(runtime_env, kwargs.get("runtime_env") or {}), resolve=True)
-    assert isinstance(merged, dict)
-    leaked = sorted(set(merged.get("env_vars") or {}) & set(SECRET_ENV_VARS))
+    env_vars = OmegaConf.select(config, "ray_kwargs.ray_init.runtime_env.env_vars", default=None) or {}
+    leaked = sorted(set(env_vars) & set(SECRET_ENV_VARS))
     if leaked:
         raise ValueError(f"ray_kwargs.ray_init.runtime_env.env_vars.{leaked[0]} would print the secret with the "
                          f"config, send it to every tracker and write it into Ray's logs: set {leaked[0]} in the "
                          "environment of the launcher instead")
-    return {**kwargs, "runtime_env": merged}
+
+
+def start_ray(config: DictConfig) -> None:
+    """Start Ray as verl's ``run_ppo`` does, with nothing to run yet, so the run's secrets can be shared first.
+
+    ``run_ppo`` sets the environment the recipe asks for (``VERL_FULL_DETERMINISM``,
+    ``VLLM_BATCH_INVARIANT``, ``PYTHONHASHSEED`` with ``rollout.full_determinism``) before it starts Ray
+    with verl's runtime env and the recipe's ``ray_kwargs``, then runs its task runner. Given a runner
+    that returns at once, it only starts Ray, exactly as verl would; the real run follows with Ray up.
+    """
+    import ray
+    from verl.trainer.main_ppo import run_ppo
+
+    @ray.remote(num_cpus=0)
+    class _NothingToRun:
+        """A task runner that returns at once: ``run_ppo`` has started Ray when it does."""
+
+        def run(self, config: Any) -> None:
+            return None
+
+    run_ppo(config, task_runner_class=_NothingToRun)
 
 
 def _run(config: DictConfig, dry_run: bool) -> None:
@@ -180,7 +204,7 @@ def _run(config: DictConfig, dry_run: bool) -> None:
     auto_set_device(config)
     validate(config)
     if not ray.is_initialized():
-        ray.init(**ray_init_kwargs(config))
+        start_ray(config)
     secrets = share_secrets()  # the retrieval token, for the rollout workers; held until the run ends
     try:
         run_ppo(config, task_runner_class=GuardedTaskRunner)

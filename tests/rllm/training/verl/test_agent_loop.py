@@ -208,17 +208,6 @@ async def test_aborted_generation_is_an_infrastructure_failure_excluded_from_the
     assert "aborted" in extra["infra_error"] and extra["final_answer"] == ""
     assert set(output.response_mask) == {0} and len(output.response_ids) > 0
 
-    # The legacy v0 trainer keeps the row, with no gradient and a zero score.
-    server_v0 = FakeServerManager(tokenizer, turns_script(lookup_call("France"), "\\boxed{Paris}"), abort_on_call=2)
-    loop_v0, config_v0 = build_loop(tokenizer, server_v0, "trainer.use_v1=false")
-    kept = await loop_v0.run(dict(SAMPLING), **row())
-    assert isinstance(kept, AgentLoopOutput) and set(kept.response_mask) == {0}
-    from rllm.training.verl.reward import compute_score
-
-    scored = compute_score("hotpotqa", "ignored", GROUND_TRUTH, {**row()["extra_info"], **kept.extra_fields},
-                           scorer="rllm.agents.search:score_search_answer")
-    assert scored["score"] == 0.0
-
 
 async def test_a_cut_generation_that_reads_as_a_tool_call_never_runs_it_and_is_dropped(tokenizer) -> None:
     # verl's servers cut the call (stop reason "aborted", the tokens sampled so far handed back): a complete call.
@@ -260,18 +249,14 @@ async def test_a_cancelled_rollout_is_dropped_not_trained_with_reward_zero(token
     output = await loop.rollout(dict(SAMPLING), **row())
     extra = output.extra_fields
     assert extra["termination_reason"] == "cancelled" and extra["infra_failure"] is False
-    assert extra["final_answer"] == "" and set(output.response_mask) == {0}  # no gradient, even under v0
-
-    loop_v0, _ = build("trainer.use_v1=false")
-    kept = await loop_v0.run(dict(SAMPLING), **row())
-    assert isinstance(kept, AgentLoopOutput) and set(kept.response_mask) == {0}
+    assert extra["final_answer"] == "" and set(output.response_mask) == {0}  # flagged, and no gradient
 
 
 async def test_the_embedded_engine_aborting_a_written_tool_call_drops_the_rollout(tokenizer, tmp_path) -> None:
     # The real TransformersEngine behind the embedded rollout server, its tiny model forced to write the call;
     # the engine aborts right after it (what the server's abort_all_requests does at a weight sync).
     from rllm.testing.tiny_models import ForcedCausalLM, build_tiny_qwen3
-    from rllm.training.verl.embedded_rollout import EmbeddedRolloutServer
+    from rllm.training.verl.embedded.server import EmbeddedRolloutServer
 
     build_tiny_qwen3(tokenizer, out_dir=tmp_path)
     config = compose(f"actor_rollout_ref.model.path={tmp_path}", "actor_rollout_ref.rollout.dtype=float32",

@@ -22,7 +22,8 @@ from rllm.errors import WeightSyncError  # noqa: E402
 from rllm.testing.chat_templates import load_chat_template  # noqa: E402
 from rllm.testing.qwen_tokenizer import QwenVocab, build_qwen_tokenizer  # noqa: E402
 from rllm.testing.tiny_models import build_tiny_qwen3  # noqa: E402
-from rllm.training.verl.embedded_rollout import EmbeddedRolloutServer, WeightChecksum  # noqa: E402
+from rllm.training.verl.embedded.server import EmbeddedRolloutServer  # noqa: E402
+from rllm.training.verl.fingerprint import WeightFingerprint  # noqa: E402
 from rllm.training.verl.train import CONFIG_DIR, CONFIG_NAME, prepare_config  # noqa: E402
 
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
@@ -64,19 +65,18 @@ def test_generate_samples_with_one_logprob_per_token_and_says_which_weights(mode
     assert no_logprobs.log_probs is None
 
 
-def test_a_sync_loads_the_actors_weights_and_checks_them(model_dir: Path) -> None:
+def test_a_sync_loads_the_actors_weights_and_the_server_fingerprints_what_it_serves(model_dir: Path) -> None:
     server = _server(model_dir)
     sent = _actor_tensors(server, scale=1.01)
-    expected = WeightChecksum()
-    for name, tensor in sent.items():
-        expected.add(name, tensor)
+    expected = WeightFingerprint.of(sent.items())
     asyncio.run(server.begin_weight_update())
     names = list(sent)
     asyncio.run(server.load_weights({n: sent[n] for n in names[: len(names) // 2]}))  # in buckets
     asyncio.run(server.load_weights({n: sent[n] for n in names[len(names) // 2:]}))
-    report = asyncio.run(server.finish_weight_update(4, expected.hexdigest))
-    assert report["match"] and report["global_steps"] == 4 and report["tensors"] == len(names)
-    assert asyncio.run(server.weights_checksum()) == expected.hexdigest
+    report = asyncio.run(server.finish_weight_update(4, expected.digest))
+    assert report["global_steps"] == 4 and report["tensors"] == len(names) and report["fingerprint"] == expected.digest
+    served = WeightFingerprint(asyncio.run(server.weights_fingerprint()))
+    assert served.differences(expected) == [] and set(served.tensors) <= set(expected.tensors)
     output = asyncio.run(server.generate("r", _prompt(server), {**SAMPLING, "max_tokens": 2}))
     assert output.extra_fields["global_steps"] == 4
 
@@ -89,14 +89,12 @@ def test_stale_or_partial_weights_stop_the_sync(model_dir: Path) -> None:
     asyncio.run(server.load_weights({n: t for n, t in sent.items() if n != first}))
     with pytest.raises(WeightSyncError, match="left 1 parameters of the served model unchanged"):
         asyncio.run(server.finish_weight_update(1, "whatever"))
-    # Everything arrived, but not what the actor says it sent (a stale or corrupted copy): refused.
+    # Everything arrived, but not what the adapter says it sent (changed in transit): refused.
     asyncio.run(server.begin_weight_update())
     asyncio.run(server.load_weights(sent))
-    stale = WeightChecksum()
-    for name, tensor in _actor_tensors(server, scale=1 / 1.01).items():
-        stale.add(name, tensor)
-    with pytest.raises(WeightSyncError, match="step 2 the served weights differ from the actor's"):
-        asyncio.run(server.finish_weight_update(2, stale.hexdigest))
+    other = WeightFingerprint.of(_actor_tensors(server, scale=1 / 1.01).items())
+    with pytest.raises(WeightSyncError, match="weights of step 2 arrived at the rollout server changed"):
+        asyncio.run(server.finish_weight_update(2, other.digest))
     with pytest.raises(WeightSyncError, match="does not have"):
         asyncio.run(server.load_weights({"model.no_such.weight": torch.zeros(1)}))
 

@@ -40,7 +40,7 @@ def test_verls_private_rollout_registry_still_has_the_shape_the_plugin_fills() -
     assert ("vllm", "async") in base._ROLLOUT_REGISTRY  # keys: (rollout.name, mode) -> "module.Class"
     assert isinstance(base._ROLLOUT_REGISTRY[("vllm", "async")], str)
     assert callable(RolloutReplicaRegistry.register) and "vllm" in RolloutReplicaRegistry._registry
-    assert base._ROLLOUT_REGISTRY[("rllm_embedded", "async")] == "rllm.training.verl.embedded_rollout.EmbeddedServerAdapter"
+    assert base._ROLLOUT_REGISTRY[("rllm_embedded", "async")] == "rllm.training.verl.embedded.adapter.EmbeddedServerAdapter"
 
 
 def test_verls_model_patching_runs_for_a_qwen3_in_this_environment() -> None:

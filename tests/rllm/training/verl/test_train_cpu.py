@@ -134,8 +134,9 @@ def test_the_rollout_sampled_with_the_actors_log_probs_at_every_step(run: Run) -
 
 def test_the_served_weights_are_the_actors_after_every_sync(run: Run) -> None:
     for m in run.metrics:
-        assert m["rllm/weights/checksum_match"] == 1.0
+        assert m["rllm/weights/fingerprint_match"] == 1.0  # the server's fingerprint against the actor's own
         assert m["rllm/weights/version"] == m["training/global_step"]  # synced after this step's update
+    assert run.metrics[-1]["rllm/weights/changed"] == 1.0  # the update changed what is served
 
 
 def test_the_reward_varies_within_a_group_in_some_step(run: Run) -> None:

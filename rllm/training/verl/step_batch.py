@@ -1,0 +1,133 @@
+"""What the training guards read of a step's batch, from verl's TransferQueue.
+
+verl 0.9.1's v1 trainer keeps a step's rows in TransferQueue (``transfer_queue.kv_batch_get``), one
+row per agent-loop output, keyed ``{uid}_{session_id}_{index}``: ``uid`` is the prompt's group,
+``session_id`` the rollout within it. The guards count rollouts, not rows, so the rows of one
+rollout (``uid``, ``session_id``) are read as one. Padding rows (tagged ``is_padding``) are left out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rllm.training.verl.guards import StepRollouts
+
+_ROW_FIELDS = ("uid", "session_id", "rm_scores", "prompts", "extra_fields", "extra_info")
+
+
+def _rows(value: Any) -> list[Any]:
+    """The rows of a TransferQueue field: tensors (nested or padded) unbound, other columns as a list."""
+    if hasattr(value, "unbind"):
+        return list(value.unbind(0))
+    if hasattr(value, "tolist"):
+        return list(value.tolist())
+    return list(value)
+
+
+def kept_keys(batch: Any) -> list[str]:
+    """The keys of the batch's real rows (verl pads a batch with rows tagged ``is_padding``)."""
+    return [key for key, tag in zip(batch.keys, batch.tags, strict=True) if not tag.get("is_padding", False)]
+
+
+@dataclass
+class LogProbPairs:
+    """Per compared rollout, the log-probs its sampled tokens were sampled with and the actor's for the same tokens."""
+
+    rollout: list[list[float]]
+    actor: list[list[float]]
+
+
+def _pairs(sampled: Any, actor: Any, masks: Any) -> LogProbPairs:
+    pairs = LogProbPairs([], [])
+    for mask, rollout_lp, actor_lp in zip(_rows(masks), _rows(sampled), _rows(actor), strict=True):
+        picked = mask.bool()
+        length = min(len(picked), len(rollout_lp), len(actor_lp))
+        pairs.rollout.append(rollout_lp[:length][picked[:length]].tolist())
+        pairs.actor.append(actor_lp[:length][picked[:length]].tolist())
+    return pairs
+
+
+def read_logprob_pairs(batch: Any) -> LogProbPairs:
+    """Every real row's sampled and actor log-probs, after verl recomputed them (``old_log_probs``)."""
+    import transfer_queue as tq
+
+    data = tq.kv_batch_get(keys=kept_keys(batch), partition_id=batch.partition_id,
+                           select_fields=["rollout_log_probs", "old_log_probs", "response_mask"])
+    return _pairs(data["rollout_log_probs"], data["old_log_probs"], data["response_mask"])
+
+
+def audit_logprob_pairs(worker_group: Any, batch: Any, rows: int, temperature: float,
+                        micro_batch_size: int = 1) -> LogProbPairs:
+    """The actor's log-probs recomputed for ``rows`` of the batch.
+
+    ``rows`` is rounded up to whole micro-batches on every data-parallel rank (the actor splits only whole
+    ones), and down to what the batch holds.
+
+    verl's bypass mode trains against the rollout's own log-probs, so nothing compares them with the
+    actor's; this asks the actor (verl's ``compute_log_prob``) for the first rows' log-probs, as
+    verl's decoupled mode does for all of them, before the update.
+    """
+    import transfer_queue as tq
+    from verl.workers.utils.padding import response_from_nested
+
+    keys = kept_keys(batch)
+    size = max(int(getattr(worker_group, "world_size", 1) or 1), 1) * max(micro_batch_size, 1)
+    count = min(len(keys), -(-max(rows, 1) // size) * size)
+    count -= count % size
+    if count == 0:
+        return LogProbPairs([], [])
+    sample = batch.select_keys(keys[:count])
+    sample.extra_info.update({"calculate_entropy": False, "compute_loss": False, "temperature": temperature})
+    worker_group.compute_log_prob(sample)
+    data = tq.kv_batch_get(keys=sample.keys, partition_id=sample.partition_id,
+                           select_fields=["log_probs", "rollout_log_probs", "response_mask"])
+    actor = response_from_nested(data["log_probs"], data["response_mask"])
+    return _pairs(data["rollout_log_probs"], actor, data["response_mask"])
+
+
+def _row_index(info: Any) -> Any:
+    return info.get("index") if isinstance(info, dict) else None
+
+
+def read_step(batch: Any, logprobs: LogProbPairs | None = None, rollouts_per_prompt: int | None = None) -> StepRollouts:
+    """The step's rollouts as the guards read them: a rollout's rows (its samples) merged, in key order."""
+    import transfer_queue as tq
+
+    keys = kept_keys(batch)
+    data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=list(_ROW_FIELDS))
+    columns = {name: _rows(data[name]) for name in _ROW_FIELDS}
+    order: list[tuple[Any, Any]] = []
+    merged: dict[tuple[Any, Any], dict[str, Any]] = {}
+    for i in range(len(keys)):
+        identity = (columns["uid"][i], columns["session_id"][i])
+        extra = columns["extra_fields"][i] if isinstance(columns["extra_fields"][i], dict) else {}
+        if identity not in merged:
+            order.append(identity)
+            merged[identity] = {"prompt": [int(t) for t in columns["prompts"][i].tolist()],
+                                "row": _row_index(columns["extra_info"][i]), "truncated": None, "calls": None}
+        rollout = merged[identity]
+        rollout["reward"] = float(columns["rm_scores"][i].sum())  # every sample carries the rollout's reward
+        if "response_truncated" in extra:
+            rollout["truncated"] = bool(rollout["truncated"]) or bool(extra["response_truncated"])
+        if extra.get("num_tool_calls") is not None:
+            rollout["calls"] = float(extra["num_tool_calls"])
+    rollouts = [merged[identity] for identity in order]
+    return StepRollouts(
+        groups=[identity[0] for identity in order], rewards=[r["reward"] for r in rollouts],
+        prompts=[r["prompt"] for r in rollouts], rows=[r["row"] for r in rollouts],
+        rollout_logprobs=logprobs.rollout if logprobs else [], actor_logprobs=logprobs.actor if logprobs else [],
+        truncated=[r["truncated"] for r in rollouts], tool_calls=[r["calls"] for r in rollouts],
+        rollouts_per_prompt=rollouts_per_prompt)
+
+
+def read_advantages(batch: Any) -> tuple[Sequence[Any], list[list[float]]]:
+    """Each real row's group and the advantages of its sampled tokens (after verl computed them)."""
+    import transfer_queue as tq
+
+    data = tq.kv_batch_get(keys=kept_keys(batch), partition_id=batch.partition_id,
+                           select_fields=["uid", "advantages", "response_mask"])
+    advantages = [values[mask.bool()].tolist() if len(values) == len(mask) else values.tolist()
+                  for values, mask in zip(_rows(data["advantages"]), _rows(data["response_mask"]), strict=True)]
+    return _rows(data["uid"]), advantages

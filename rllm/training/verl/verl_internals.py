@@ -1,0 +1,133 @@
+"""Every place rllm reaches into verl's or Ray's internals, in one module, each pinned by a test.
+
+verl 0.9.1 offers public ways to add a rollout backend (``RolloutReplicaRegistry``), a trainer
+(``register_trainer``), a platform (``PlatformRegistry``), an agent-loop manager (a config key) and a
+task runner (``run_ppo``'s argument). What it does not offer, rllm takes from here and nowhere else:
+
+* ``register_worker_rollout``: the FSDP workers' rollout registry, the private
+  ``verl.workers.rollout.base._ROLLOUT_REGISTRY`` dict (no register function exists);
+* ``use_gloo_process_group``: ``verl.workers.engine_workers.initialize_global_process_group_ray``,
+  the function the FSDP worker calls by name to start its process group (a CPU run needs gloo alone);
+* ``TRAINER_STEP_HOOKS``: the private methods of verl's v1 trainer that the guarded trainer extends
+  (``PPOTrainer._step_once`` calls them in this order) and ``SYNC_MODE``, the trainer mode verl's
+  trainer compares itself with (``self.trainer_mode == "sync"``) to pick its synchronous replay buffer;
+* ``WORKER_HOOKS`` and ``WORKER_ATTRIBUTES``: the private methods and attribute of verl's TransferQueue
+  agent-loop worker that the stopping manager extends and reads;
+* ``ray_actor_class``: a Ray actor's Python class (``__ray_actor_class__``), to subclass verl's
+  ``TaskRunnerV1`` and agent-loop worker;
+* ``call_on_actor``: Ray's ``__ray_call__``, which runs a function on a live actor (the FSDP workers'
+  node and device, their parameters' fingerprint);
+* ``actor_module``: the FSDP actor's ``torch.nn.Module`` inside verl's fused worker
+  (``WorkerDict.worker_dict[...]`` -> ``ActorRolloutRefWorker.actor.engine.module``).
+
+``check_verl_version`` is called when the plugin loads and again at launch, where a different verl
+stops the run: verl logs a failed plugin import only at DEBUG, so a mismatch must be loud here.
+``tests/rllm/training/verl/test_verl_internals.py`` has one test per seam that fails if verl renames
+it or stops calling it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+VERL_VERSION = "0.9.1"
+"""The verl release these seams are pinned against (the ``train`` extra installs it)."""
+SYNC_MODE = "sync"
+"""verl's synchronous trainer mode: its trainer checks ``self.trainer_mode == SYNC_MODE``."""
+TRAINER_STEP_HOOKS = ("_compute_old_log_prob", "_compute_advantage", "_update_actor", "_compute_metrics")
+"""Private methods of verl's v1 ``PPOTrainer`` the guarded trainer extends (``_step_once`` and ``fit`` call them)."""
+WORKER_HOOKS = ("_run_agent_loop", "_agent_loop_postprocess")
+"""Private methods of verl's ``AgentLoopWorkerTQ`` that ``StrandsAgentLoopWorker`` extends."""
+WORKER_ATTRIBUTES = ("background_tasks",)
+"""Private state of verl's ``AgentLoopWorkerTQ`` that ``StrandsAgentLoopWorker`` reads (the rollouts in flight)."""
+ACTOR_ROLES = ("actor_rollout", "actor_rollout_ref")
+"""Keys of the actor (with rollout, and with the reference policy) worker in verl's fused ``WorkerDict``
+(``str(Role.ActorRollout)``, ``str(Role.ActorRolloutRef)``)."""
+
+
+def verl_version() -> str:
+    """The installed verl's version ("" when verl is not installed)."""
+    try:
+        import verl
+    except ImportError:
+        return ""
+    return str(getattr(verl, "__version__", ""))
+
+
+def check_verl_version(*, strict: bool) -> str | None:
+    """A message when the installed verl is not ``VERL_VERSION``; logged at ERROR, and raised when ``strict``.
+
+    Raises ``rllm.errors.ConfigurationError`` with ``strict``; returns the message otherwise (``None``
+    when the versions match).
+    """
+    found = verl_version()
+    if found == VERL_VERSION:
+        return None
+    message = (f"rllm's verl integration is pinned to verl {VERL_VERSION} (its private registries, the trainer "
+               f"methods it extends); verl {found or '(none)'} is installed: install rllm's train extra "
+               f"(verl=={VERL_VERSION})")
+    if strict:
+        from rllm.errors import ConfigurationError
+
+        raise ConfigurationError(message)
+    logger.error("%s", message)
+    return message
+
+
+def register_worker_rollout(name: str, adapter_path: str) -> None:
+    """Make ``rollout.name=name`` resolve to the ``BaseRollout`` at ``adapter_path`` inside every FSDP worker.
+
+    verl 0.9.1's workers look it up in ``verl.workers.rollout.base._ROLLOUT_REGISTRY[(name, "async")]``
+    (a private dict without a register function).
+    """
+    from verl.workers.rollout import base
+
+    base._ROLLOUT_REGISTRY[(name, "async")] = adapter_path
+
+
+def _gloo_only(initialize: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(initialize)
+    def wrapped(timeout_second: Any = None, backend: str | None = None) -> Any:
+        return initialize(timeout_second=timeout_second, backend=backend or "cpu:gloo")
+
+    wrapped.__rllm_gloo_only__ = True  # type: ignore[attr-defined]
+    return wrapped
+
+
+def use_gloo_process_group() -> None:
+    """Make verl's FSDP workers start a gloo-only process group (verl would ask for gloo on ``cpu`` twice).
+
+    verl 0.9.1's ``verl.workers.engine_workers`` calls ``initialize_global_process_group_ray(timeout_second=None)``,
+    imported by name, which builds ``cpu:gloo,{device}:{backend}``; with device ``cpu`` torch refuses
+    ``cpu:gloo,cpu:gloo``. This replaces that name in that module only, with a wrapper passing
+    ``backend="cpu:gloo"``.
+    """
+    import verl.workers.engine_workers as engine_workers
+
+    current = engine_workers.initialize_global_process_group_ray
+    if not getattr(current, "__rllm_gloo_only__", False):
+        engine_workers.initialize_global_process_group_ray = _gloo_only(current)
+
+
+def ray_actor_class(actor: Any) -> type:
+    """The Python class behind a ``@ray.remote`` class (Ray keeps it as ``__ray_actor_class__``)."""
+    cls = getattr(actor, "__ray_actor_class__", None)
+    if not isinstance(cls, type):
+        raise TypeError(f"{actor!r} is not a Ray actor class")
+    return cls
+
+
+def call_on_actor(handle: Any, function: Callable[..., Any], *args: Any) -> Any:
+    """Run ``function(instance, *args)`` on a live Ray actor (Ray's ``__ray_call__``); its object ref."""
+    return handle.__ray_call__.remote(function, *args)
+
+
+def actor_module(fused_worker: Any) -> Any:
+    """The FSDP actor's module inside verl's fused worker (``WorkerDict``), for the actor-side weight fingerprint."""
+    role = next(role for role in ACTOR_ROLES if role in fused_worker.worker_dict)
+    return fused_worker.worker_dict[role].actor.engine.module
