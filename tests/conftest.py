@@ -28,6 +28,15 @@ def serve() -> Iterator[Any]:
         server.stop()
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules marked ``slow`` (a real verl trainer, a venv to build) first.
+
+    Under ``pytest -n N --dist loadfile`` (the README's test command) each module runs on one worker, sharing
+    its module-scoped fixtures, and the long modules starting first leave the short ones to fill the others.
+    """
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 BWRAP_SKIP_REASON = "no bubblewrap sandbox on this machine"
 """The start of every skip reason of a test that needs bubblewrap (``python_exec``'s OS sandbox)."""
 

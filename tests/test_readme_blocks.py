@@ -29,6 +29,8 @@ from markdown_it import MarkdownIt
 from rag.testing import RetrievalServer, demo_index
 from rllm.testing.scripted_server import ScriptedOpenAIServer
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 READMES = ("README.md", "rag/README.md")
 LLM_URL = "http://127.0.0.1:30000/v1"  # the README's model server

@@ -45,7 +45,7 @@ from rllm.types import Episode
 logger = logging.getLogger(__name__)
 
 RUNS_DIR = Path("runs")
-QUICKSTART: dict[str, Any] = {"rl_steps": 15, "eval_every": 5, "held_out": 32}
+QUICKSTART: dict[str, Any] = {"rl_steps": 20, "eval_every": 5, "held_out": 48}
 """The quickstart's departures from the learning proof's settings (``ProofConfig``), sized for minutes on 2 cores."""
 
 

@@ -22,6 +22,8 @@ os.environ.setdefault("OTEL_SDK_DISABLED", "true")
 
 from rllm.types import Episode  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[3]
 TINY = {"hidden_size": 64, "num_layers": 2, "world_size": 120, "held_out": 4, "eval_samples": 1, "demonstrations": 16,
         "warm_steps": 4, "warm_batch": 8, "prompts_per_step": 2, "rollouts_per_prompt": 2, "micro_batch_size": 4,

@@ -18,6 +18,8 @@ from rllm.testing.qwen_tokenizer import cache_root
 from rllm.testing.tiny_models import build_tiny_model_dir
 from rllm.types import Episode
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[3]
 INDEX_SIZE = 200
 

@@ -44,7 +44,7 @@ from rllm.tracing import (
 )
 from rllm.tracing.proxy import backend_key_env, write_config
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[3]
 TOOLS = [{"type": "function", "function": {"name": "search", "description": "search the web",

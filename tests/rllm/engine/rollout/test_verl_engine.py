@@ -24,6 +24,8 @@ from verl.workers.rollout.replica import TokenOutput
 from rllm.testing.chat_templates import FAMILIES
 from rllm.testing.tiny_models import build_tiny_qwen3
 
+pytestmark = pytest.mark.slow
+
 PROMPT_LENGTH, RESPONSE_LENGTH = 512, 256
 
 

@@ -23,6 +23,8 @@ from rllm.tokens.renderer import content_text
 from rllm.training.local import LocalRLOOTrainer, RolloutRequest, default_actor_config, pad_rollouts, run_rollouts
 from rllm.training.local.warm_start import sampled_log_probs, shared_prefix_length, supervised_step, warm_start
 
+pytestmark = pytest.mark.slow
+
 NO_THINK = {"enable_thinking": False}
 
 

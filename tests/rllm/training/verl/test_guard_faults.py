@@ -30,6 +30,8 @@ from rllm.testing.qwen_tokenizer import QwenVocab, build_qwen_tokenizer  # noqa:
 from rllm.testing.tiny_models import build_tiny_qwen3  # noqa: E402
 from rllm.training.verl.proof import RECIPE, write_lookup_rows  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 TESTS = Path(__file__).resolve().parents[3]
 REPO = TESTS.parent
 RESPONSE_LENGTH = 48

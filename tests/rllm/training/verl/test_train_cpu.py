@@ -36,7 +36,7 @@ from rllm.data.hotpotqa import load_hotpotqa
 from rllm.data.verl_rows import write_parquet
 
 REPO = Path(__file__).resolve().parents[4]
-pytestmark = pytest.mark.timeout(1500)
+pytestmark = [pytest.mark.timeout(1500), pytest.mark.slow]
 
 STEPS = 2
 OVERRIDES = [
