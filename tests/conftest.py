@@ -31,8 +31,9 @@ def serve() -> Iterator[Any]:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Modules marked ``slow`` (a real verl trainer, a venv to build) first.
 
-    Under ``pytest -n N --dist loadfile`` (the README's test command) each module runs on one worker, sharing
-    its module-scoped fixtures, and the long modules starting first leave the short ones to fill the others.
+    Under ``pytest -n N --dist loadfile --no-loadscope-reorder`` (the README's test command) each module runs on
+    one worker, sharing its module-scoped fixtures, in this order (xdist would otherwise put the modules with the
+    most tests first), so the long modules start first and the short ones fill the other workers.
     """
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 

@@ -74,6 +74,7 @@ def _train(prepared: Path, out: Path, *overrides: str, fault: str = "", probe: s
         "reward.custom_reward_function.reward_kwargs.scorer=fixtures.verl_faults:varied_score",
         # A random policy writes to the end of every response: only the truncation run keeps that guard on.
         "rllm.guards.max_truncated_share=null",
+        "++ray_kwargs.ray_init.include_dashboard=false",  # nothing reads it; its processes cost CI seconds
         *overrides, "--config-name", RECIPE,
     ]
     env = {**os.environ, "VERL_USE_EXTERNAL_MODULES": "fixtures.verl_faults", "RLLM_TEST_FAULT": fault,
