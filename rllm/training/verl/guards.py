@@ -143,9 +143,7 @@ def group_violations(rollouts: StepRollouts) -> list[str]:
         problems.append(f"the rollouts of dataset row {split[0]} are split across {len(groups_of_row[split[0]])} "
                         f"groups ({len(split)} such row(s))")
     if rollouts.rollouts_per_prompt is not None:
-        sizes: dict[Any, int] = defaultdict(int)
-        for group in rollouts.groups:
-            sizes[group] += 1
+        sizes = Counter(rollouts.groups)
         oversized = [group for group, size in sizes.items() if size > rollouts.rollouts_per_prompt]
         if oversized:
             problems.append(f"group {oversized[0]} has {sizes[oversized[0]]} rollouts, more than rollout.n="
@@ -231,9 +229,8 @@ class TrainingGuards:
         if problems:
             raise TrainingGuardError(f"step {step}: the RLOO groups are wrong: {'; '.join(problems)}; the "
                                      "advantages would compare rollouts of different prompts", step=step)
-        sizes = Counter(rollouts.groups)
-        smallest = min(sizes.values(), default=None)
-        if self.settings.min_rollouts_per_group is not None and smallest is not None:
+        smallest = min(Counter(rollouts.groups).values(), default=None)
+        if smallest is not None:
             self._check_group_size(step, smallest)
 
     def _check_group_size(self, step: int, smallest: float) -> None:

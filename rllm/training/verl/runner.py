@@ -120,7 +120,7 @@ class GuardedTrainer(PPOTrainerSync):
 
     def _compute_old_log_prob(self, batch: Any, metrics: dict) -> Any:
         # The groups first: a dropped rollout leaves a batch the actor cannot split into its micro-batches.
-        self._rollouts = read_step(batch, None, int(self.config.actor_rollout_ref.rollout.n))
+        self._rollouts = read_step(batch, int(self.config.actor_rollout_ref.rollout.n))
         try:
             self._guards.check_groups(self.global_steps, self._rollouts)
         except TrainingGuardError as error:

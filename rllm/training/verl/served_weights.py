@@ -15,6 +15,7 @@ guard table): the log-prob gap guard is their check.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import ray
@@ -30,18 +31,23 @@ logger = logging.getLogger(__name__)
 PREFIX = "rllm/weights/"
 
 
-def _actor_fingerprint(fused_worker: Any, dtype_name: str) -> dict[str, str] | None:
-    """Runs in every FSDP worker: the actor's parameters, gathered in order, fingerprinted on rank 0."""
-    module = actor_module(fused_worker)
-    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-    dtype = serving_dtype(dtype_name)
-    named = []
+def _gathered(module: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """The module's state, each sharded tensor gathered whole (collective: every rank, the same order)."""
     for name, tensor in module.state_dict().items():
-        if hasattr(tensor, "full_tensor"):
-            tensor = tensor.full_tensor()  # collective: every rank gathers every tensor in the same order
-        if rank == 0:
-            named.append((name, tensor))
-    return WeightFingerprint.of(named, dtype).tensors if rank == 0 else None  # type: ignore[arg-type]
+        yield name, tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def _actor_fingerprint(fused_worker: Any, dtype_name: str) -> dict[str, str] | None:
+    """Runs in every FSDP worker: the actor's parameters, gathered one at a time, fingerprinted on rank 0.
+
+    Each gathered tensor is hashed and dropped before the next, so no rank holds the whole model at once.
+    """
+    tensors = _gathered(actor_module(fused_worker))
+    if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
+        for _ in tensors:  # take part in every gather; rank 0 answers
+            pass
+        return None
+    return WeightFingerprint.of(tensors, serving_dtype(dtype_name)).tensors  # type: ignore[arg-type]
 
 
 def actor_fingerprint(worker_group: Any, dtype_name: str) -> WeightFingerprint:

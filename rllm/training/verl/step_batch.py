@@ -91,8 +91,11 @@ def _row_index(info: Any) -> Any:
     return info.get("index") if isinstance(info, dict) else None
 
 
-def read_step(batch: Any, logprobs: LogProbPairs | None = None, rollouts_per_prompt: int | None = None) -> StepRollouts:
-    """The step's rollouts as the guards read them: a rollout's rows (its samples) merged, in key order."""
+def read_step(batch: Any, rollouts_per_prompt: int | None = None) -> StepRollouts:
+    """The step's rollouts as the guards read them: a rollout's rows (its samples) merged, in key order.
+
+    The log-prob pairs are not among them: they exist only after the actor's audit, later in the step.
+    """
     import transfer_queue as tq
 
     keys = kept_keys(batch)
@@ -117,7 +120,6 @@ def read_step(batch: Any, logprobs: LogProbPairs | None = None, rollouts_per_pro
     return StepRollouts(
         groups=[identity[0] for identity in order], rewards=[r["reward"] for r in rollouts],
         prompts=[r["prompt"] for r in rollouts], rows=[r["row"] for r in rollouts],
-        rollout_logprobs=logprobs.rollout if logprobs else [], actor_logprobs=logprobs.actor if logprobs else [],
         truncated=[r["truncated"] for r in rollouts], tool_calls=[r["calls"] for r in rollouts],
         rollouts_per_prompt=rollouts_per_prompt)
 

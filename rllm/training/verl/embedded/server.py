@@ -50,7 +50,6 @@ class EmbeddedRolloutServer:
                                          context_length=context)
         self.free_cache_engine = bool(getattr(config, "free_cache_engine", True))
         self.weights_version: int | None = None
-        self.last_sync: dict[str, Any] = {}
         self._received: set[str] = set()
         self._parameter_names = self._own_parameter_names()
         self._inflight = 0
@@ -180,14 +179,9 @@ class EmbeddedRolloutServer:
             raise WeightSyncError(f"the weights of step {global_steps} arrived at the rollout server changed "
                                   f"(fingerprint {received[:12]} != {sent[:12]} as sent)")
         self.weights_version = global_steps
-        self.last_sync = {"global_steps": global_steps, "tensors": len(self._received), "fingerprint": received}
         logger.info("embedded rollout server %d: weights of step %s loaded (%d tensors, fingerprint %s)",
                     self.replica_rank, global_steps, len(self._received), received[:12])
-        return dict(self.last_sync)
-
-    async def sync_report(self) -> dict[str, Any]:
-        """The last sync: its step, the tensors loaded and their fingerprint."""
-        return dict(self.last_sync)
+        return {"global_steps": global_steps, "tensors": len(self._received), "fingerprint": received}
 
     async def weights_fingerprint(self) -> dict[str, str]:
         """Per served parameter (a tied weight once), the digest of its value now, as it is served."""
