@@ -6,11 +6,9 @@ retrieval health check behave as documented. CPU only; nothing here starts Ray o
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +21,14 @@ from omegaconf import OmegaConf
 
 os.environ.setdefault("OTEL_SDK_DISABLED", "true")
 
+from fixtures.ray_script import run_with_ray  # noqa: E402
 from verl.protocol import DataProto  # noqa: E402
 from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories  # noqa: E402
 from verl.utils.config import omega_conf_to_dataclass  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[4]
 from rllm.training.verl.train import CONFIG_DIR, CONFIG_NAME, prepare_config, validate  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[4]
 
 LAUNCHER = REPO / "examples" / "strands" / "train_strands_agent.sh"
 # Keys the recipe adds that verl's base config does not declare, each with the reader that makes it live.
@@ -192,23 +192,16 @@ def test_the_retrieval_token_is_in_neither_the_config_verl_prints_nor_rays_runti
 
 def test_the_rollout_workers_receive_the_token_through_ray() -> None:
     """A worker without the variable (a node of a cluster) gets it from the run's secret store, by name."""
-    ray_dir = tempfile.mkdtemp(prefix="rllm-ray-")  # short: Ray's socket paths must fit in 107 bytes
-    script = (
-        "import os, ray\n"
+    run = run_with_ray(
+        "import os\n"
         "from rllm.training.verl.secrets import receive_secrets, share_secrets\n"
-        f"ray.init(num_cpus=1, include_dashboard=False, _temp_dir={ray_dir!r})\n"
         "store = share_secrets()\n"
         "@ray.remote(runtime_env={'env_vars': {'RETRIEVAL_TOKEN': ''}})\n"
         "def worker():\n"
         "    before = os.environ.get('RETRIEVAL_TOKEN')\n"
         "    return before, receive_secrets(), os.environ.get('RETRIEVAL_TOKEN')\n"
-        "print(ray.get(worker.remote()))\n"
-    )
-    try:
-        run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                             env={**os.environ, "RETRIEVAL_TOKEN": "sekrit-456"}, cwd=REPO)
-    finally:
-        shutil.rmtree(ray_dir, ignore_errors=True)
+        "print(ray.get(worker.remote()))\n",
+        cwd=REPO, env={**os.environ, "RETRIEVAL_TOKEN": "sekrit-456"})
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.strip().splitlines()[-1] == "('', ('RETRIEVAL_TOKEN',), 'sekrit-456')"
 

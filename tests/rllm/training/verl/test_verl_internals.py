@@ -10,10 +10,6 @@ from __future__ import annotations
 
 import inspect
 import os
-import shutil
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -21,6 +17,8 @@ import pytest
 os.environ.setdefault("OTEL_SDK_DISABLED", "true")
 
 pytest.importorskip("verl", reason="verl is not installed: the seams need the train extra")
+
+from fixtures.ray_script import run_with_ray  # noqa: E402
 
 from rllm.errors import ConfigurationError  # noqa: E402
 from rllm.training.verl import verl_internals  # noqa: E402
@@ -130,20 +128,13 @@ def test_the_actor_module_is_where_verls_fused_worker_keeps_it() -> None:
 
 
 def test_a_function_runs_on_a_live_ray_actor() -> None:
-    ray_dir = tempfile.mkdtemp(prefix="rllm-ray-")  # short: Ray's socket paths must fit in 107 bytes
-    script = (
-        "import ray\n"
+    run = run_with_ray(
         "from rllm.training.verl.verl_internals import call_on_actor\n"
-        f"ray.init(num_cpus=1, include_dashboard=False, _temp_dir={ray_dir!r})\n"
         "@ray.remote\n"
         "class Holder:\n"
         "    def __init__(self):\n"
         "        self.value = 41\n"
-        "print(ray.get(call_on_actor(Holder.remote(), lambda actor, plus: actor.value + plus, 1)))\n"
-    )
-    try:
-        run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=REPO)
-    finally:
-        shutil.rmtree(ray_dir, ignore_errors=True)
+        "print(ray.get(call_on_actor(Holder.remote(), lambda actor, plus: actor.value + plus, 1)))\n",
+        cwd=REPO)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.strip().splitlines()[-1] == "42"
