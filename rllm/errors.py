@@ -187,10 +187,6 @@ class TokenTraceError(TokenDataError):
     """An append would break a ``TokenTrace``'s invariants."""
 
 
-class HistoryNotAppendOnlyError(TokenDataError):
-    """The conversation changed other than by appending (trimmed, rewritten): the trace would lie."""
-
-
 # ---- tools (rllm/tools/): a sandbox that cannot run is the run's setup; a refused path or address is the policy's
 
 

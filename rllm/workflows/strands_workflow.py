@@ -95,7 +95,7 @@ class StrandsWorkflow(Workflow):
                 episode.info["traceback"] = "".join(traceback.format_exception(finished.error))[-4000:]
             episode.metrics.update(finished.metrics)
             return episode
-        trajectory = finished.trajectory
+        trajectories = finished.trajectories
         info: dict[str, Any] = {"final_answer": end.final_answer}
         reward = RewardOutput(reward=0.0, is_correct=False, metadata={"reason": "no reward function"})
         if self.reward_fn is not None:
@@ -103,11 +103,12 @@ class StrandsWorkflow(Workflow):
             if inspect.isawaitable(reward):
                 reward = await reward
             info["reward"] = reward.metadata
-        trajectory.reward = reward.reward
+        for trajectory in trajectories:  # one outcome for the rollout, whatever its samples
+            trajectory.reward = reward.reward
         return Episode(
             id=uid,
             task=task,
-            trajectories=[trajectory],
+            trajectories=trajectories,
             reward=reward.reward,
             is_correct=reward.is_correct,
             termination_reason=end.reason,
@@ -120,8 +121,8 @@ class StrandsWorkflow(Workflow):
     ) -> Episode:
         """An unscored episode carrying the steps the agent recorded before it stopped."""
         episode = super().failed_episode(task, uid, reason, error)
-        trajectory = self.agent.trajectory
-        episode.trajectories = [trajectory]
-        episode.metrics.update(trajectory_metrics(trajectory))
+        trajectories = list(self.agent.trajectories)
+        episode.trajectories = trajectories
+        episode.metrics.update(trajectory_metrics(trajectories))
         episode.info["final_answer"] = ""
         return episode

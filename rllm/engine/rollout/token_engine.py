@@ -8,6 +8,14 @@ keeps (``RLLMModel`` keeps one per agent), so one engine serves any number of ro
 that is cancelled while it samples leaves the session as it found it, the first prompt excepted:
 nothing it sampled reaches the trace, and the next call continues from the last sampled turn.
 
+A rollout is one or more *samples*. While every call's messages are the previous call's plus the
+model's answer plus what was appended (tool results, a user turn), the prompt grows by the rendered
+delta and the sampled tokens stay exactly as sampled. When the history was rewritten instead (a
+conversation manager's sliding window or summary, Strands' context-overflow reduction, a hook's
+edit), the session starts a new sample at that call: its prompt is the template's render of the
+rewritten messages, and it continues token-in/token-out from there. Every sampled token is in
+exactly one sample (``TokenSession.samples``).
+
 A generation the backend cut (finish reason ``abort``: SGLang's and vLLM's abort, verl's
 ``aborted``, ``TransformersEngine.abort``) is not the policy's answer: the call raises
 ``GenerationAbortedError`` before anything is parsed from the cut text, so no tool call in it
@@ -25,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rllm.engine.rollout.base import ContextLengthExceededError, select_sampling_params
-from rllm.errors import GenerationAbortedError, HistoryNotAppendOnlyError
+from rllm.errors import GenerationAbortedError
 from rllm.parser import CallIdFactory, get_tool_parser
 from rllm.tokens.renderer import ChatRenderer
 from rllm.tokens.trace import TokenTrace
@@ -45,8 +53,9 @@ class TokenOutput:
 
 @dataclass
 class TokenSession:
-    """One rollout's token state: the trace, the messages and tools it covers, its tool-call ids.
+    """One rollout's token state: its samples, the messages and tools the current one covers, its tool-call ids.
 
+    ``trace`` is the current sample, the last of ``samples``; a rewritten history starts a new one.
     Copying returns the same object: Strands deep-copies per-agent model state around every call,
     and the session must stay one object for the whole rollout.
     """
@@ -56,6 +65,19 @@ class TokenSession:
     tools: list[dict[str, Any]] | None = None
     call_ids: CallIdFactory = field(default_factory=CallIdFactory)
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    samples: list[TokenTrace] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.samples:
+            self.samples.append(self.trace)
+        elif self.samples[-1] is not self.trace:
+            raise ValueError("TokenSession: trace must be the last of samples")
+
+    def start_sample(self) -> TokenTrace:
+        """Begin a new sample (a rewritten history): an empty trace that becomes ``trace``."""
+        self.trace = TokenTrace(require_logprobs=self.trace.require_logprobs)
+        self.samples.append(self.trace)
+        return self.trace
 
     def __deepcopy__(self, memo: dict[int, Any]) -> TokenSession:
         return self
@@ -123,12 +145,13 @@ class TokenEngine(abc.ABC):
         Raises ``GenerationAbortedError`` (infrastructure) when the backend cut the generation.
         """
         session = session if session is not None else self.new_session()
-        trace = session.trace
-        before = (len(trace.segments), session.messages, session.tools)
+        before = (len(session.samples), len(session.trace.segments), session.messages, session.tools)
         self._extend_prompt(session, messages, tools)
+        trace = session.trace
         params, _ = select_sampling_params({**self.default_sampling, **sampling})
         room = self.context_length - len(trace)
         if room <= 0:
+            self._unwind(session, *before)  # nothing was sampled: the caller may reduce the history and retry
             raise ContextLengthExceededError(
                 f"prompt of {len(trace)} tokens fills the {self.context_length}-token context"
             )
@@ -167,9 +190,15 @@ class TokenEngine(abc.ABC):
         )
 
     @staticmethod
-    def _unwind(session: TokenSession, segments: int, messages: list[dict[str, Any]],
+    def _unwind(session: TokenSession, samples: int, segments: int, messages: list[dict[str, Any]],
                 tools: list[dict[str, Any]] | None) -> None:
-        """Undo a cancelled or aborted call's prompt extension; a first prompt stays (the trace keeps its prompt)."""
+        """Undo the prompt extension of a call that sampled nothing (cancelled, aborted, overflowing).
+
+        A sample the call started is removed again; a first prompt stays (the trace keeps its prompt).
+        """
+        if len(session.samples) > samples:
+            del session.samples[samples:]
+            session.trace = session.samples[-1]
         if segments:
             session.trace.truncate(segments)
             session.messages, session.tools = messages, tools
@@ -178,21 +207,20 @@ class TokenEngine(abc.ABC):
         self, session: TokenSession, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
     ) -> None:
         trace = session.trace
-        if not trace.num_turns:  # nothing sampled yet (or a first call was cancelled): render it all
+        previous = session.messages
+        appended = (
+            len(messages) >= len(previous) + 2
+            and messages[: len(previous)] == previous
+            and messages[len(previous)].get("role") == "assistant"
+        )
+        if trace.num_turns and not appended:
+            logger.debug("rollout %s: the history was rewritten (%d messages, then %d): sample %d starts here",
+                         session.request_id, len(previous), len(messages), len(session.samples))
+            trace = session.start_sample()
+        if not trace.num_turns:  # a new sample, or nothing sampled yet (a first call cancelled): render it all
             trace.truncate(0)
             trace.add_prompt(self.renderer.prompt_ids(messages, tools))
         else:
-            previous = session.messages
-            if (
-                len(messages) < len(previous) + 2
-                or messages[: len(previous)] != previous
-                or messages[len(previous)].get("role") != "assistant"
-            ):
-                raise HistoryNotAppendOnlyError(
-                    f"the conversation is not the previous one ({len(previous)} messages) + the model's answer + new "
-                    f"messages (got {len(messages)}): a conversation manager or overflow reduction changed the "
-                    "history, which would corrupt the token trace. Use NullConversationManager for training."
-                )
             new_messages = messages[len(previous) + 1 :]
             ends_turn = bool(trace.token_ids) and trace.token_ids[-1] == self.renderer.probe.end_of_turn_id
             trace.add_context(self.renderer.delta_ids(messages[len(previous)], new_messages, tools,

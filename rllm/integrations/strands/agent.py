@@ -46,13 +46,29 @@ def _output_from_message(message: Message) -> ModelOutput:
 
 
 class _StepRecorder(HookProvider):
-    """Appends a ``Step`` to its trajectory after every successful model call of its agent."""
+    """Appends a ``Step`` after every successful model call of its agent, to the trajectory of its sample.
 
-    def __init__(self, trajectory: Trajectory) -> None:
-        self.trajectory = trajectory
+    A token engine's rollout is one or more samples (``TokenSession.samples``: a rewritten history
+    starts a new one); the recorder keeps one ``Trajectory`` per sample, each with that sample's
+    ``token_trace`` and ``info["sample"]``, and records each call's step in the sample it extended.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.trajectories = [Trajectory(name=name)]
         self.token_session: Any = None
         self.last_error: BaseException | None = None
         self._call_cancelled = False
+
+    @property
+    def trajectory(self) -> Trajectory:
+        """The current sample's trajectory (the only one unless the history was rewritten)."""
+        return self.trajectories[-1]
+
+    def reset(self) -> None:
+        self.trajectories = [Trajectory(name=self.name)]
+        self.token_session = None
+        self.last_error = None
 
     def register_hooks(self, registry: HookRegistry, **kwargs: Any) -> None:
         registry.add_callback(BeforeModelCallEvent, self._before_model_call)
@@ -68,10 +84,28 @@ class _StepRecorder(HookProvider):
     def _receive_token_session(self, session: Any) -> None:
         """The rollout's token state, handed over by the model before its engine runs."""
         self.token_session = session
-        self.trajectory.token_trace = session.trace
+        self._follow_samples()
+
+    def _follow_samples(self) -> None:
+        """One trajectory per sample of the token session, each holding its sample's trace."""
+        samples = getattr(self.token_session, "samples", None)
+        if samples is None:
+            return
+        while len(self.trajectories) > len(samples) and not self.trajectories[-1].steps:
+            self.trajectories.pop()  # a sample its call took back (cancelled, aborted, overflowing)
+        for index, trace in enumerate(samples):
+            if index == len(self.trajectories):
+                self.trajectories.append(Trajectory(name=self.name))
+            self.trajectories[index].token_trace = trace
+            self.trajectories[index].info["sample"] = index
+
+    def last_step(self) -> Step | None:
+        """The latest recorded step, in whichever sample it is."""
+        return next((t.steps[-1] for t in reversed(self.trajectories) if t.steps), None)
 
     def _after_model_call(self, event: AfterModelCallEvent) -> None:
         call = take_model_call(event.invocation_state)
+        self._follow_samples()
         if event.exception is not None:
             self.last_error = event.exception
             return
@@ -97,37 +131,42 @@ class _StepRecorder(HookProvider):
 
     def _message_added(self, event: MessageAddedEvent) -> None:
         message = event.message
-        if message["role"] == "user" and self.trajectory.steps and any("toolResult" in b for b in message["content"]):
-            self.trajectory.steps[-1].observation = [m for m in format_messages([message]) if m["role"] == "tool"]
+        step = self.last_step()
+        if message["role"] == "user" and step is not None and any("toolResult" in b for b in message["content"]):
+            step.observation = [m for m in format_messages([message]) if m["role"] == "tool"]
 
     def find_tool_call(self, tool_use_id: str) -> ToolCall | None:
         """The raw tool call with this id from the latest step."""
-        if not self.trajectory.steps:
+        step = self.last_step()
+        if step is None:
             return None
-        return next((c for c in self.trajectory.steps[-1].tool_calls if c.id == tool_use_id), None)
+        return next((c for c in step.tool_calls if c.id == tool_use_id), None)
 
     def record_tool_error(self, tool_use_id: str, name: str, error: str) -> None:
         """Note on the latest step that a call was refused, and why."""
-        if self.trajectory.steps:
-            self.trajectory.steps[-1].tool_errors.append({"id": tool_use_id, "name": name, "error": error})
+        step = self.last_step()
+        if step is not None:
+            step.tool_errors.append({"id": tool_use_id, "name": name, "error": error})
 
 
 class StrandsAgent(Agent):
-    """A Strands ``Agent`` whose every model call lands in ``agent.trajectory`` as a ``Step``.
+    """A Strands ``Agent`` whose every model call lands in ``agent.trajectories`` as a ``Step``.
 
     Recording works through hooks and ``invocation_state``, so it holds for ``__call__``,
     ``invoke_async`` and ``stream_async`` alike and never crosses between agents that share a
-    model. Defaults suit rollouts: no console printing, ``NullConversationManager`` (trimming the
-    history would corrupt the training record), and no Strands-level model retries (the engine
-    retries infrastructure failures itself). ``reset()`` returns the agent to its freshly built
-    state so pooled agents behave exactly like new ones.
+    model. Defaults suit rollouts: no console printing, ``NullConversationManager`` (a manager that
+    rewrites the history is allowed: with a token engine each rewrite starts a new sample, one
+    trajectory each), and no Strands-level model retries (the engine retries infrastructure
+    failures itself). ``reset()`` returns the agent to its freshly built state so pooled agents
+    behave exactly like new ones.
 
     Args:
         model: Any Strands model; ``RLLMModel`` and ``NonStreamingOpenAIModel`` record token ids
             and logprobs when their engine returns them.
         tools: Tools, as for ``Agent``.
         system_prompt: System prompt, as for ``Agent``.
-        name: Name of the recorded trajectory.
+        name: The agent's name (Strands' ``Agent.name``, which ``Swarm`` and ``Graph`` use as its
+            node id) and the name of its recorded trajectories.
         budget: Per-episode limits on model turns, tool rounds and tool calls.
         validate_tool_calls: Refuse unknown tools, non-JSON arguments and missing arguments.
         infra_exceptions: Exception classes that, raised by a tool, mean its backend failed, in
@@ -160,7 +199,7 @@ class StrandsAgent(Agent):
         kwargs.setdefault("callback_handler", None)
         kwargs.setdefault("conversation_manager", NullConversationManager())
         kwargs.setdefault("retry_strategy", None)
-        self._recorder = _StepRecorder(Trajectory(name=name))
+        self._recorder = _StepRecorder(name)
         self._budget_hook = BudgetHook(budget or Budget())
         self._tool_failures = ToolFailureHook(tuple(infra_exceptions))
         own_hooks: list[Any] = [self._budget_hook, self._recorder, self._tool_failures]
@@ -170,6 +209,7 @@ class StrandsAgent(Agent):
             model=model,
             tools=tools,
             system_prompt=system_prompt,
+            name=name,
             hooks=[*own_hooks, *(kwargs.pop("hooks", None) or [])],
             **kwargs,
         )
@@ -181,15 +221,20 @@ class StrandsAgent(Agent):
 
     @property
     def trajectory(self) -> Trajectory:
-        """The steps recorded since construction or the last ``reset()``."""
+        """The current sample's trajectory: every step since the last ``reset()`` unless the history was rewritten."""
         return self._recorder.trajectory
+
+    @property
+    def trajectories(self) -> list[Trajectory]:
+        """One trajectory per sample since the last ``reset()``, in order (see ``TokenSession.samples``)."""
+        return self._recorder.trajectories
 
     @property
     def token_session(self) -> Any:
         """The rollout's ``TokenSession`` when a token engine runs the agent (``None`` otherwise or before a call).
 
         The agent owns it: the model creates it in the agent's model state on the first call, and
-        ``reset()`` drops it. Its trace is ``trajectory.token_trace``.
+        ``reset()`` drops it. Its samples are the ``token_trace`` of ``trajectories``.
         """
         return self._recorder.token_session
 
@@ -216,9 +261,10 @@ class StrandsAgent(Agent):
             return termination_reason_for(self._recorder.last_error)
         if self._last_stop_reason == CANCELLED:  # a cancel while tools ran leaves no cancelled step
             return TerminationReason.CANCELLED
-        if not self.trajectory.steps:
+        step = self._recorder.last_step()
+        if step is None:
             return None
-        return termination_reason_for(stop_reason=self.trajectory.steps[-1].stop_reason)
+        return termination_reason_for(stop_reason=step.stop_reason)
 
     def cancel(self, *, message: str | None = None, after_current_tools: bool = False) -> None:
         """``Agent.cancel``, refused (``AbortUnsupportedError``) where the engine cannot abort the request in flight.
@@ -254,7 +300,5 @@ class StrandsAgent(Agent):
         self.event_loop_metrics = EventLoopMetrics()
         self._budget_hook.reset()
         self._tool_failures.reset()
-        self._recorder.trajectory = Trajectory(name=self._recorder.trajectory.name)
-        self._recorder.token_session = None
-        self._recorder.last_error = None
+        self._recorder.reset()
         self._last_stop_reason = None

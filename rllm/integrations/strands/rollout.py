@@ -3,10 +3,11 @@
 ``StrandsWorkflow`` (evaluation, batch rollouts), the verl ``StrandsAgentLoop`` and the local
 trainer all build the agent with ``build_agent`` and run it with ``run_rollout``, which returns a
 ``FinishedRollout``: how it ended (``termination_reason_for``, the one classifier), the
-trajectory, the verl fields of a token engine's exact trace cut at the response length, whether
-that cut truncated it, and the metrics. Each consumer keeps only what is its own: the verl loop
-drops or masks what is not ``scored`` (infrastructure, cancelled), the local trainer raises on it,
-the workflow builds the ``Episode`` (unscored for it).
+trajectories (one per sample: a rewritten history starts a new one), the verl fields of each
+sample's exact trace cut at the response length, whether a cut truncated one, and the metrics.
+Each consumer keeps only what is its own: the verl loop drops or masks what is not ``scored``
+(infrastructure, cancelled), the local trainer raises on it, the workflow builds the ``Episode``
+(unscored for it).
 """
 
 from __future__ import annotations
@@ -100,13 +101,15 @@ def read_rollout(agent: StrandsAgent, error: BaseException | None = None) -> Rol
     return RolloutEnd(reason=reason, failure=failure, final_answer=answer)
 
 
-def trajectory_metrics(trajectory: Trajectory) -> dict[str, float]:
-    """Turns, tool calls, refused tool calls and token counts of one trajectory."""
-    steps = trajectory.steps
+def trajectory_metrics(trajectories: Trajectory | list[Trajectory]) -> dict[str, float]:
+    """Turns, tool calls, refused tool calls, token counts and samples of a rollout's trajectories."""
+    trajectories = [trajectories] if isinstance(trajectories, Trajectory) else trajectories
+    steps = [step for trajectory in trajectories for step in trajectory.steps]
     return {
         "turns": float(len(steps)),
+        "samples": float(len(trajectories)),
         "tool_calls": float(sum(len(step.tool_calls) for step in steps)),
-        "tool_errors": float(trajectory.num_tool_errors),
+        "tool_errors": float(sum(t.num_tool_errors for t in trajectories)),
         "prompt_tokens": float(sum(step.model_output.usage.get("prompt_tokens", 0) for step in steps)),
         "completion_tokens": float(sum(step.model_output.usage.get("completion_tokens", 0) for step in steps)),
     }
@@ -118,23 +121,30 @@ class FinishedRollout:
     Attributes:
         end: How it ended: reason, failure, final answer.
         error: What the agent's run raised, if anything (kept so a consumer can raise it with its cause).
-        trajectory: The agent's recorded steps (the agent keeps it; a pooled agent's ``reset`` replaces it).
-        fields: ``TokenTrace.to_verl(response_length)`` of a token engine's trace (prompt_ids,
-            response_ids, response_mask, response_logprobs, num_turns); ``None`` without a token
-            engine or when the run stopped before its first model call.
-        truncated: The response was cut at ``response_length``: ran past it (``fields`` cut there), or
-            filled it and ended by the token budget.
-        num_model_calls: Sampled turns in the token trace (0 without one).
+        trajectories: The agent's recorded steps, one trajectory per sample (the agent keeps them; a
+            pooled agent's ``reset`` replaces them).
+        samples: ``TokenTrace.to_verl(response_length)`` of each sample a token engine recorded
+            (prompt_ids, response_ids, response_mask, response_logprobs, num_turns), in order; a
+            sample its run never sampled in is left out unless it is the only one. Empty without a
+            token engine or when the run stopped before its first model call.
+        truncated: A sample's response was cut at ``response_length``: ran past it (its fields cut
+            there), or filled it and ended by the token budget.
+        num_model_calls: Sampled turns over all samples (0 without a token engine).
         metrics: ``trajectory_metrics`` plus ``latency_s``.
     """
 
     end: RolloutEnd
     error: BaseException | None
-    trajectory: Trajectory
-    fields: dict[str, Any] | None = None
+    trajectories: list[Trajectory]
+    samples: list[dict[str, Any]] = field(default_factory=list)
     truncated: bool = False
     num_model_calls: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def trajectory(self) -> Trajectory:
+        """The last sample's trajectory (the one with the final answer)."""
+        return self.trajectories[-1]
 
     def raise_if_unexpected(self) -> None:
         """Raise what ended the run when it is neither a policy outcome nor typed infrastructure.
@@ -149,12 +159,12 @@ class FinishedRollout:
             raise self.error
         raise RuntimeError(f"the rollout ended with an error: {self.end.failure}")
 
-    def token_fields(self) -> dict[str, Any]:
-        """``fields``, or ``RolloutWithoutTokensError`` when the run never reached its first model call."""
-        if self.fields is None:
+    def token_samples(self) -> list[dict[str, Any]]:
+        """``samples``, or ``RolloutWithoutTokensError`` when the run never reached its first model call."""
+        if not self.samples:
             raise RolloutWithoutTokensError(
                 f"the agent stopped before its first model call: {self.end.failure}") from self.error
-        return self.fields
+        return self.samples
 
 
 def _truncated(response: int, response_length: int | None, reason: TerminationReason) -> bool:
@@ -186,17 +196,20 @@ async def run_rollout(
         error = caught
     latency = time.perf_counter() - started
     end = read_rollout(agent, error)
-    trajectory = agent.trajectory
-    metrics = {**trajectory_metrics(trajectory), "latency_s": latency}
-    trace = trajectory.token_trace
-    if trace is None:
-        return FinishedRollout(end=end, error=error, trajectory=trajectory, metrics=metrics)
+    trajectories = list(agent.trajectories)
+    metrics = {**trajectory_metrics(trajectories), "latency_s": latency}
+    traces = [t.token_trace for t in trajectories if t.token_trace is not None]
+    sampled = [trace for trace in traces if trace.num_turns] or traces[:1]
+    if not sampled:
+        return FinishedRollout(end=end, error=error, trajectories=trajectories, metrics=metrics)
+    last = sampled[-1]
     return FinishedRollout(
         end=end,
         error=error,
-        trajectory=trajectory,
-        fields=trace.to_verl(response_length),
-        truncated=_truncated(len(trace) - trace.prompt_length, response_length, end.reason),
-        num_model_calls=trace.num_turns,
+        trajectories=trajectories,
+        samples=[trace.to_verl(response_length) for trace in sampled],
+        truncated=any(len(t) - t.prompt_length > (response_length or len(t)) for t in sampled)
+        or _truncated(len(last) - last.prompt_length, response_length, end.reason),
+        num_model_calls=sum(trace.num_turns for trace in sampled),
         metrics=metrics,
     )

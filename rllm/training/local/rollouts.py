@@ -78,9 +78,13 @@ async def _run_one(
         raise ToolBackendError(f"the rollout ended on an infrastructure failure: {end.failure}")
     if not end.scored:
         raise RolloutCancelledError(f"the rollout ended {end.reason.value}: nothing to score or train on")
+    samples = finished.token_samples()
+    if len(samples) != 1:  # its agent keeps the whole history (NullConversationManager): never expected
+        raise RuntimeError(f"the rollout's history was rewritten into {len(samples)} samples; the local trainer "
+                           "trains one sample per rollout (verl's trainer takes several)")
     return Rollout(
         group=request.group,
-        fields=finished.token_fields(),
+        fields=samples[0],
         reason=end.reason,
         final_answer=end.final_answer,
         metrics=finished.metrics,

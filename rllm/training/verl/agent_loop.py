@@ -5,12 +5,16 @@ verl (0.9.1) builds one agent loop per trajectory from the YAML list named by
 and calls ``run(sampling_params, **row)``. The loop reads its settings from the recipe alone, as
 verl's own loops read ``multi_turn.*`` (see ``loop_settings``). This loop builds a ``StrandsAgent`` over
 ``RLLMModel(VerlEngine(server_manager))`` for
-the row, runs it with ``invoke_async`` and returns the rollout's ``TokenTrace`` as an
-``AgentLoopOutput``: ``prompt_ids`` is the first rendered prompt, ``response_ids`` everything after
-it (sampled and tool tokens, capped at ``rollout.response_length``), ``response_mask`` 1 exactly on
-sampled tokens and ``response_logprobs`` their sampling logprobs (0.0 elsewhere). verl groups the
-``rollout.n`` rollouts of a row by ``uid`` for RLOO, scores them with the custom reward function
-(``rllm.training.verl.reward``, which reads the final answer from ``extra_fields``) and trains.
+the row, runs it with ``invoke_async`` and returns one ``AgentLoopOutput`` per sample of the
+rollout (one, unless a conversation manager rewrote the history: see ``TokenSession.samples``),
+each from its ``TokenTrace``: ``prompt_ids`` is the sample's rendered prompt, ``response_ids``
+everything after it (sampled and tool tokens, capped at ``rollout.response_length``),
+``response_mask`` 1 exactly on sampled tokens and ``response_logprobs`` their sampling logprobs
+(0.0 elsewhere). verl's v1 worker stores the samples as rows ``{uid}_{session_id}_{index}`` and
+scores the last one with the custom reward function (``rllm.training.verl.reward``, which reads the
+final answer from ``extra_fields``), copying its reward to the others; the guarded trainer groups
+the ``rollout.n`` rollouts of a row by ``uid`` for RLOO, one rollout counting once whatever its
+samples (``rllm.training.verl.advantage``), and trains.
 
 Only typed infrastructure failures and cancelled rollouts are excluded from the update: the
 rollout server unreachable, failing, throttled or aborting the generation
@@ -274,29 +278,31 @@ class StrandsAgentLoop(AgentLoopBase):
         self.response_length = int(self.rollout_config.response_length)
         self.context_length = int(self.rollout_config.get("max_model_len") or self.prompt_length + self.response_length)
 
-    async def run(  # type: ignore[override]  # verl's v1 worker stores an empty list as "no trajectory"
+    async def run(  # type: ignore[override]  # verl's v1 worker takes a list: one row per sample, none dropped
         self, sampling_params: dict[str, Any], **kwargs: Any,
-    ) -> AgentLoopOutput | list[AgentLoopOutput]:
-        """Run one rollout of the row; an infrastructure failure or a cancelled run yields none, any other error raises.
+    ) -> list[AgentLoopOutput]:
+        """Run one rollout of the row: its samples; an infrastructure failure or a cancelled run yields none.
+
+        Any other error raises.
 
         A ``RolloutOutcome`` passed as ``rllm_outcome`` (by ``StrandsAgentLoopWorker``) is filled
         in with what became of the rollout.
         """
         outcome = kwargs.pop(OUTCOME_KWARG, None)
         try:
-            output = await self.rollout(sampling_params, **kwargs)
+            outputs = await self.rollout(sampling_params, **kwargs)
         except Exception as error:
             if isinstance(outcome, RolloutOutcome):
                 outcome.error = describe_failure(error)
             raise
-        extra = output.extra_fields
+        extra = outputs[-1].extra_fields
         if not TerminationReason(extra["termination_reason"]).is_scored:  # infrastructure, or cancelled
             cause = extra["infra_error"] or extra["termination_reason"]
             logger.warning("rollout excluded from the update (%s): %s", extra["termination_reason"], cause)
             if isinstance(outcome, RolloutOutcome):
                 outcome.dropped, outcome.cause = True, cause
             return []
-        return output
+        return outputs
 
     def _system_prompt(self, from_row: str | None) -> str:
         if from_row is not None:
@@ -319,13 +325,13 @@ class StrandsAgentLoop(AgentLoopBase):
             chat_template_kwargs=_plain(self.apply_chat_template_kwargs) or {},
         )
 
-    async def rollout(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
-        """Run the agent on the row and return its output, infrastructure failures included (flagged).
+    async def rollout(self, sampling_params: dict[str, Any], **kwargs: Any) -> list[AgentLoopOutput]:
+        """Run the agent on the row and return one output per sample, infrastructure failures included (flagged).
 
         Raises any exception that is not a typed infrastructure failure or a policy outcome
         (context overflow, response budget), with its cause. The agent is built and run as in
-        evaluation (``build_agent``, ``run_rollout``); the tokens are its ``trajectory.token_trace``,
-        exported with ``TokenTrace.to_verl`` at ``response_length``.
+        evaluation (``build_agent``, ``run_rollout``); the tokens are its samples
+        (``FinishedRollout.samples``), exported with ``TokenTrace.to_verl`` at ``response_length``.
         """
         system, conversation = split_prompt(kwargs["raw_prompt"])
         params = {} if self.settings.max_tokens_per_turn is None else {"max_tokens": self.settings.max_tokens_per_turn}
@@ -343,15 +349,17 @@ class StrandsAgentLoop(AgentLoopBase):
         finished = await run_rollout(agent, prompt, timeout_s=self.settings.timeout_s,
                                      response_length=self.response_length)
         finished.raise_if_unexpected()
-        return self._output(agent, finished, kwargs)
+        return self._outputs(agent, finished, kwargs)
 
-    def _output(self, agent: StrandsAgent, finished: FinishedRollout, row: dict[str, Any]) -> AgentLoopOutput:
-        """The ``AgentLoopOutput`` of a finished rollout: its fields, masked when not ``scored`` (infra, cancelled)."""
+    def _outputs(self, agent: StrandsAgent, finished: FinishedRollout, row: dict[str, Any]) -> list[AgentLoopOutput]:
+        """One ``AgentLoopOutput`` per sample of a finished rollout, masked when not ``scored`` (infra, cancelled).
+
+        Every sample carries the rollout's ``extra_fields`` (the last one is scored) plus its
+        ``sample_index`` and the rollout's ``num_samples``.
+        """
         end = finished.end
         infra_error = end.failure if end.infra_failure else ""
-        fields = dict(finished.token_fields())
-        if not end.scored:
-            fields["response_mask"] = [0] * len(fields["response_ids"])
+        samples = finished.token_samples()
         extra: dict[str, Any] = {
             "final_answer": end.final_answer,
             "termination_reason": end.reason.value,
@@ -361,6 +369,7 @@ class StrandsAgentLoop(AgentLoopBase):
             "num_tool_calls": int(finished.metrics["tool_calls"]),
             "num_tool_errors": int(finished.metrics["tool_errors"]),
             "response_truncated": finished.truncated,
+            "num_samples": len(samples),
         }
         session = agent.token_session
         stats = session if isinstance(session, VerlSession) else VerlSession()
@@ -369,9 +378,15 @@ class StrandsAgentLoop(AgentLoopBase):
         if low is not None:
             extra.update(min_global_steps=int(low), max_global_steps=int(high if high is not None else low))
         tool_seconds = sum(m.total_time for m in agent.event_loop_metrics.tool_metrics.values())
-        return AgentLoopOutput(
-            **fields,
-            metrics=AgentLoopMetrics(generate_sequences=stats.generate_seconds, tool_calls=tool_seconds,
-                                     num_preempted=stats.num_preempted),
-            extra_fields=extra,
-        )
+        outputs = []
+        for index, sample in enumerate(samples):
+            fields = dict(sample)
+            if not end.scored:
+                fields["response_mask"] = [0] * len(fields["response_ids"])
+            outputs.append(AgentLoopOutput(
+                **fields,
+                metrics=AgentLoopMetrics(generate_sequences=stats.generate_seconds, tool_calls=tool_seconds,
+                                         num_preempted=stats.num_preempted),
+                extra_fields={**extra, "sample_index": index},
+            ))
+        return outputs

@@ -4,8 +4,9 @@
 as ``trainer.v1.trainer_mode=rllm_sync`` (the recipes' mode; verl's own ``sync`` stays verl's). It
 adds, per step: the group audit as soon as the rewards are in (before the actor sees the batch), the
 rollout guards of ``rllm.training.verl.guards`` once verl has the audited log-probs (before the
-update), the loss guard right after the update (before the checkpoint and the weight sync), and after
-every weight sync the served weights compared with the actor's by fingerprint
+update), RLOO counted per rollout when a rollout came back as several samples
+(``rllm.training.verl.advantage``), the loss guard right after the update (before the checkpoint
+and the weight sync), and after every weight sync the served weights compared with the actor's by fingerprint
 (``rllm.training.verl.served_weights``, embedded backend). A stop logs the step's metrics
 first, so the tracker shows what stopped it, and ends the run with ``TrainingGuardError`` naming the
 step. ``GuardedTaskRunner`` is verl's ``TaskRunnerV1``, which ``rllm.training.verl.train`` hands to
@@ -29,6 +30,7 @@ from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
 from rllm.errors import TrainingGuardError
+from rllm.training.verl.advantage import check_split_rollouts, split_rollouts
 from rllm.training.verl.embedded import BACKEND_NAME
 from rllm.training.verl.guards import (
     GUARDED_MODE,
@@ -48,6 +50,7 @@ from rllm.training.verl.step_batch import (
     read_advantages,
     read_logprob_pairs,
     read_step,
+    write_rollout_advantages,
 )
 from rllm.training.verl.verl_internals import SYNC_MODE, ray_actor_class
 
@@ -154,7 +157,18 @@ class GuardedTrainer(PPOTrainerSync):
             self._guards.check_rollouts(self.global_steps, metrics, rollouts)
         except TrainingGuardError as error:
             self._stop(error, metrics)
+        split = split_rollouts(batch.keys)
+        metrics[f"{PREFIX}split_rollouts"] = split
+        estimator = str(self.config.algorithm.adv_estimator)
+        try:
+            check_split_rollouts(self.global_steps, split, estimator=estimator,
+                                 loss_agg_mode=str(self.config.actor_rollout_ref.actor.loss_agg_mode),
+                                 kl_in_reward=bool(self.config.algorithm.use_kl_in_reward))
+        except ValueError as error:
+            self._stop(TrainingGuardError(str(error), step=self.global_steps), metrics)
         batch = super()._compute_advantage(batch, metrics)
+        if split and estimator == "rloo":  # verl runs RLOO over rows; GRPO it already counts per rollout
+            batch = write_rollout_advantages(batch)
         metrics[f"{PREFIX}zero_advantage_group_share"] = zero_advantage_share(*read_advantages(batch))
         return batch
 

@@ -133,3 +133,27 @@ def read_advantages(batch: Any) -> tuple[Sequence[Any], list[list[float]]]:
     advantages = [values[mask.bool()].tolist() if len(values) == len(mask) else values.tolist()
                   for values, mask in zip(_rows(data["advantages"]), _rows(data["response_mask"]), strict=True)]
     return _rows(data["uid"]), advantages
+
+
+def write_rollout_advantages(batch: Any) -> Any:
+    """Replace verl's row-wise RLOO advantages with ``rollout_advantages`` (a rollout counted once), in verl's layout.
+
+    Every row of the batch takes part, as in verl's own ``_compute_advantage``; each row's advantage
+    is its rollout's, on its sampled tokens (``response_mask``), written as ``advantages`` and
+    ``returns`` in verl's nested layout.
+    """
+    import torch
+    import transfer_queue as tq
+    from tensordict import TensorDict
+
+    from rllm.training.verl.advantage import rollout_advantages
+
+    data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                           select_fields=["uid", "rm_scores", "response_mask"])
+    scores = [float(row.sum()) for row in _rows(data["rm_scores"])]
+    advantages = rollout_advantages(batch.keys, _rows(data["uid"]), scores)
+    masks = _rows(data["response_mask"])
+    rows = [value * mask.to(torch.float32) for value, mask in zip(advantages, masks, strict=True)]
+    nested = torch.nested.as_nested_tensor(rows, layout=torch.jagged)
+    fields = TensorDict({"advantages": nested, "returns": nested.clone()}, batch_size=len(rows))
+    return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=fields)

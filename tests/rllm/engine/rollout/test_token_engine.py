@@ -15,7 +15,7 @@ import pytest
 from strands import tool
 
 from rllm.engine.rollout.sglang_engine import SGLangEngine
-from rllm.engine.rollout.token_engine import HistoryNotAppendOnlyError, TokenEngine
+from rllm.engine.rollout.token_engine import TokenEngine
 from rllm.engine.rollout.transformers_engine import TransformersEngine
 from rllm.engine.rollout.vllm_engine import VLLMEngine
 from rllm.integrations.strands import RLLMModel, StrandsAgent
@@ -127,15 +127,6 @@ async def test_rerendering_drifts_on_qwen3_template_but_the_trace_does_not(token
     for step in agent.trajectory.steps:
         start = len(step.model_output.prompt_ids)
         assert trace.token_ids[start : start + len(step.model_output.completion_ids)] == step.model_output.completion_ids
-
-
-async def test_a_trimmed_history_is_detected(tokenizer) -> None:
-    engine = ScriptedTokenEngine(tokenizer, think_call_then_answer)
-    agent = await _run(engine, Tools(), "find alpha")
-    del agent.messages[:2]  # what a conversation manager trimming the window would do
-
-    with pytest.raises(HistoryNotAppendOnlyError, match="NullConversationManager"):
-        await agent.invoke_async("and again?")
 
 
 async def test_prefilled_think_with_a_draft_call_does_not_run_it(tokenizer) -> None:

@@ -128,7 +128,7 @@ async def test_an_aborted_generation_never_runs_its_tool_call_and_ends_as_infras
         # The trace keeps its first prompt and nothing of the cut turn: nothing sampled to train on.
         trace = agent.trajectory.token_trace
         assert [s.kind for s in trace.segments] == ["prompt"]
-        assert finished.fields is not None and finished.fields["response_ids"] == []
+        assert len(finished.samples) == 1 and finished.samples[0]["response_ids"] == []
     if backend == "transformers":
         assert model.stats.aborted == 1
 

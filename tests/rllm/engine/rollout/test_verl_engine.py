@@ -74,7 +74,7 @@ async def test_verl_recomputes_the_rollouts_logprobs_on_every_sampled_token(qwen
     loop, config = build_loop(tokenizer, server, f"data.max_prompt_length={PROMPT_LENGTH}",
                               f"data.max_response_length={RESPONSE_LENGTH}")
 
-    output = await loop.rollout(dict(SAMPLING), **row())
+    (output,) = await loop.rollout(dict(SAMPLING), **row())
 
     assert len(server.calls) == 2 and output.num_turns >= 2  # a tool turn, then a sampled turn
     assert sum(output.response_mask) == sum(len(call["token_ids"]) for call in server.calls)

@@ -232,7 +232,7 @@ async def _through_the_verl_loop(tokenizer: Any, error: BaseException | None, fa
     build_engine = loop.build_engine
     loop.build_engine = lambda sampling: _fail_on_second_call(build_engine(sampling), error)  # type: ignore[method-assign]
     try:
-        output = await loop.rollout(dict(SAMPLING), **row())
+        (output,) = await loop.rollout(dict(SAMPLING), **row())
     except Exception as raised:  # noqa: BLE001 - the loop raises what is not a policy outcome or infrastructure
         return termination_reason_for(raised).value
     return output.extra_fields["termination_reason"]

@@ -58,7 +58,7 @@ async def test_multi_turn_output_is_exactly_what_was_sent_and_sampled(tokenizer)
     loop, config = build_loop(tokenizer, server)
     LOOKUPS.clear()
 
-    output = await loop.run(dict(SAMPLING), **row())
+    (output,) = await loop.run(dict(SAMPLING), **row())
 
     assert isinstance(output, AgentLoopOutput)
     assert LOOKUPS == ["France", "Paris"] and len(server.calls) == 3
@@ -110,7 +110,7 @@ async def test_reward_goes_through_verls_reward_path_and_reads_only_the_final_an
     # The tool output holds a boxed "Paris"; the agent's own final answer does not answer.
     server = FakeServerManager(tokenizer, turns_script(lookup_call("decoy"), "I could not find it."))
     loop, config = build_loop(tokenizer, server)
-    output = await loop.run(dict(SAMPLING), **row())
+    (output,) = await loop.run(dict(SAMPLING), **row())
     assert "\\boxed{Paris}" in tokenizer.decode(output.response_ids)
     await score_through_verl(config, tokenizer, output)
     assert output.reward_score == 0.0
@@ -118,7 +118,7 @@ async def test_reward_goes_through_verls_reward_path_and_reads_only_the_final_an
 
     server = FakeServerManager(tokenizer, turns_script(lookup_call("France"), "It is \\boxed{Paris}."))
     loop, config = build_loop(tokenizer, server)
-    output = await loop.run(dict(SAMPLING), **row())
+    (output,) = await loop.run(dict(SAMPLING), **row())
     await score_through_verl(config, tokenizer, output)
     assert output.reward_score == 1.0
     info = output.extra_fields["reward_extra_info"]
@@ -142,7 +142,7 @@ async def test_verls_v1_worker_stores_the_trajectory_and_nothing_for_an_excluded
     worker.processor, worker.mm_processor_kwargs, worker.distillation_enabled = None, {}, False
     worker.reward_loop_worker_handles = [RewardHandle(load_reward_manager(config, tokenizer))]
 
-    output = await loop.run(dict(SAMPLING), **row())
+    (output,) = await loop.run(dict(SAMPLING), **row())
     await worker._agent_loop_postprocess(output, False, **row())
     (put,) = stored
     assert put["keys"] == ["u-0_0_0"] and put["partition"] == "train"
@@ -165,7 +165,7 @@ async def test_response_is_capped_at_response_length(tokenizer) -> None:
     server = FakeServerManager(tokenizer, turns_script(lookup_call("long"), lookup_call("long"), lookup_call("long"),
                                                        lookup_call("long"), "\\boxed{Paris}"))
     loop, config = build_loop(tokenizer, server, "data.max_response_length=160")
-    output = await loop.run(dict(SAMPLING), **row())
+    (output,) = await loop.run(dict(SAMPLING), **row())
 
     cap = config.actor_rollout_ref.rollout.response_length
     assert cap == 160
@@ -186,7 +186,7 @@ async def test_response_is_capped_at_response_length(tokenizer) -> None:
 async def test_generation_cut_by_the_budget_ends_with_max_tokens(tokenizer) -> None:
     server = FakeServerManager(tokenizer, turns_script("word " * 400))
     loop, _ = build_loop(tokenizer, server, "data.max_response_length=64")
-    output = await loop.run(dict(SAMPLING), **row())
+    (output,) = await loop.run(dict(SAMPLING), **row())
 
     assert server.calls[0]["sampling_params"]["max_tokens"] == 64
     assert len(output.response_ids) == 64 and output.response_mask == [1] * 64
@@ -202,7 +202,7 @@ async def test_aborted_generation_is_an_infrastructure_failure_excluded_from_the
 
     server = FakeServerManager(tokenizer, turns_script(lookup_call("France"), "\\boxed{Paris}"), abort_on_call=2)
     loop, _ = build_loop(tokenizer, server)
-    output = await loop.rollout(dict(SAMPLING), **row())
+    (output,) = await loop.rollout(dict(SAMPLING), **row())
     extra = output.extra_fields
     assert extra["infra_failure"] is True and extra["termination_reason"] == "engine_error"
     assert "aborted" in extra["infra_error"] and extra["final_answer"] == ""
@@ -223,7 +223,7 @@ async def test_a_cut_generation_that_reads_as_a_tool_call_never_runs_it_and_is_d
     assert outcome.dropped and outcome.cause.startswith("GenerationAbortedError: ")
 
     loop, _ = build_loop(tokenizer, FakeServerManager(tokenizer, script))
-    output = await loop.rollout(dict(SAMPLING), **row())
+    (output,) = await loop.rollout(dict(SAMPLING), **row())
     extra = output.extra_fields
     assert extra["termination_reason"] == "engine_error" and extra["infra_failure"] is True
     assert output.response_ids == [] and output.response_mask == []  # the cut turn is not in the trace
@@ -246,7 +246,7 @@ async def test_a_cancelled_rollout_is_dropped_not_trained_with_reward_zero(token
     assert outcome.dropped and outcome.cause == "cancelled"
 
     loop, _ = build()
-    output = await loop.rollout(dict(SAMPLING), **row())
+    (output,) = await loop.rollout(dict(SAMPLING), **row())
     extra = output.extra_fields
     assert extra["termination_reason"] == "cancelled" and extra["infra_failure"] is False
     assert extra["final_answer"] == "" and set(output.response_mask) == {0}  # flagged, and no gradient
@@ -280,7 +280,7 @@ async def test_tool_error_is_the_policys_but_a_dead_tool_backend_is_infrastructu
     # A tool raising on a bad argument: the model sees the error and carries on; the rollout counts.
     server = FakeServerManager(tokenizer, turns_script(lookup_call("bad"), "\\boxed{Paris}"))
     loop, _ = build_loop(tokenizer, server)
-    output = await loop.run(dict(SAMPLING), **row())
+    (output,) = await loop.run(dict(SAMPLING), **row())
     assert isinstance(output, AgentLoopOutput) and output.extra_fields["infra_failure"] is False
     tool_turn = tokenizer.decode(server.calls[1]["prompt_ids"][len(server.calls[0]["prompt_ids"]):])
     assert "<tool_response>" in tool_turn and "no entry named 'bad'" in tool_turn
@@ -293,7 +293,7 @@ async def test_tool_error_is_the_policys_but_a_dead_tool_backend_is_infrastructu
     assert len(dead.calls) == 1
     dead = FakeServerManager(tokenizer, turns_script(lookup_call("France"), "\\boxed{Paris}"))
     loop, _ = build_loop(tokenizer, dead, fail_with="backend")
-    flagged = await loop.rollout(dict(SAMPLING), **row())
+    (flagged,) = await loop.rollout(dict(SAMPLING), **row())
     extra = flagged.extra_fields
     assert extra["infra_failure"] is True and extra["termination_reason"] == "tool_backend_error"
     assert extra["infra_error"] == ("tool 'lookup' failed: ToolBackendError: "
@@ -305,7 +305,7 @@ async def test_a_third_party_tool_exception_is_infrastructure_only_when_configur
     # By default a raw httpx error from a tool is just an error the model reads (no regex, no guessing).
     server = FakeServerManager(tokenizer, turns_script(lookup_call("France"), "\\boxed{Paris}"))
     loop, _ = build_loop(tokenizer, server, fail_with="connect")
-    output = await loop.run(dict(SAMPLING), **row())
+    (output,) = await loop.run(dict(SAMPLING), **row())
     assert isinstance(output, AgentLoopOutput) and output.extra_fields["infra_failure"] is False
     assert len(server.calls) == 2
     # Named in the loop's infra_exceptions, it marks the backend failed.
@@ -333,7 +333,7 @@ async def test_a_hung_rollout_times_out_as_infrastructure(tokenizer) -> None:
             raise AssertionError("unreachable")
 
     loop, _ = build_loop(tokenizer, Hung(tokenizer, turns_script("x")), timeout_s=0.2)
-    output = await loop.rollout(dict(SAMPLING), **row())
+    (output,) = await loop.rollout(dict(SAMPLING), **row())
     assert output.extra_fields["termination_reason"] == "timeout" and output.extra_fields["infra_failure"] is True
 
 
@@ -348,7 +348,7 @@ async def test_a_prompt_longer_than_prompt_length_is_a_config_error(tokenizer) -
 async def test_rows_without_logprobs_and_verl_tools_are_handled_explicitly(tokenizer) -> None:
     server = FakeServerManager(tokenizer, turns_script("\\boxed{Paris}"))
     loop, _ = build_loop(tokenizer, server, "actor_rollout_ref.rollout.calculate_log_probs=false")
-    output = await loop.run({**SAMPLING, "logprobs": False}, **row())
+    (output,) = await loop.run({**SAMPLING, "logprobs": False}, **row())
     assert output.response_logprobs is None and output.response_mask == [1] * len(output.response_ids)
 
     with pytest.raises(ValueError, match="tool_config_path"):
@@ -389,7 +389,7 @@ async def test_real_search_tool_against_a_real_retrieval_server(tokenizer, retri
     assert loop.settings.tool_factory == "rllm.agents.search:search_tools"
     assert loop.settings.tool_kwargs == {"retrieval_url": retrieval_server.base_url}
 
-    output = await loop.run(dict(SAMPLING), **row())
+    (output,) = await loop.run(dict(SAMPLING), **row())
 
     hits = await loop_search(retrieval_server.base_url, "Beer Hunter whisky brewery")
     assert output.extra_fields["final_answer"] == f"\\boxed{{{hits[0]['title']}}}"
@@ -421,3 +421,55 @@ async def test_real_search_tool_with_the_retrieval_server_down_is_excluded(token
     assert await loop.run(dict(SAMPLING), **row()) == []
     assert len(server.calls) == 1  # no generation spent after the dead search
 
+
+
+async def test_a_rollout_whose_history_was_rewritten_is_stored_by_verl_as_one_row_per_sample(tokenizer,
+                                                                                            monkeypatch) -> None:
+    # A Strands sliding window (per turn) over the loop's own engine: the history is rewritten during the rollout.
+    from strands.agent.conversation_manager import SlidingWindowConversationManager
+
+    import verl.trainer.ppo.v1.agent_loop_tq as agent_loop_tq
+    from rllm.integrations.strands import RLLMModel, StrandsAgent
+    from rllm.integrations.strands.rollout import run_rollout
+    from rllm.training.verl.agent_loop import build_tools
+
+    stored: list[dict[str, Any]] = []
+
+    async def kv_batch_put(keys, fields, tags, partition_id):
+        stored.append({"keys": keys, "fields": fields})
+
+    monkeypatch.setattr(agent_loop_tq.tq, "async_kv_batch_put", kv_batch_put)
+    replies = [lookup_call(key) for key in ("France", "Paris", "France", "Paris")] + ["It is \\boxed{Paris}."]
+    calls: list[int] = []
+
+    def script(prompt: str) -> str:
+        calls.append(1)
+        return replies[len(calls) - 1]
+
+    server = FakeServerManager(tokenizer, script)
+    loop, config = build_loop(tokenizer, server)
+    agent = StrandsAgent(RLLMModel(loop.build_engine(dict(SAMPLING))), tools=build_tools(
+        loop.settings.tool_factory, loop.settings.tool_kwargs), system_prompt=SYSTEM,
+        conversation_manager=SlidingWindowConversationManager(window_size=4, per_turn=True))
+    finished = await run_rollout(agent, "Where is the capital?", response_length=loop.response_length)
+    outputs = loop._outputs(agent, finished, row())
+
+    assert len(outputs) == len(agent.trajectories) > 1
+    assert [o.extra_fields["sample_index"] for o in outputs] == list(range(len(outputs)))
+    assert {o.extra_fields["num_samples"] for o in outputs} == {len(outputs)}
+    # Each sample is its trace, exactly: every sampled token once, with the server's logprobs.
+    returned = [lp for c in server.calls for lp in c["log_probs"]]
+    assert [lp for o in outputs for lp, m in zip(o.response_logprobs, o.response_mask, strict=True) if m] == returned
+    assert [t for o in outputs for t, m in zip(o.response_ids, o.response_mask, strict=True) if m] == [
+        t for c in server.calls for t in c["token_ids"]]
+
+    worker_cls = agent_loop_tq.AgentLoopWorkerTQ.__ray_actor_class__
+    worker = worker_cls.__new__(worker_cls)
+    worker.processor, worker.mm_processor_kwargs, worker.distillation_enabled = None, {}, False
+    worker.reward_loop_worker_handles = [RewardHandle(load_reward_manager(config, tokenizer))]
+    await worker._agent_loop_postprocess(outputs, False, **row())
+
+    (put,) = stored
+    assert put["keys"] == [f"u-0_0_{i}" for i in range(len(outputs))]  # verl's rows: one per sample
+    # The last sample is scored (the final answer is in it) and its reward copied to every sample.
+    assert [sum(scores.tolist()) for scores in put["fields"]["rm_scores"]] == [1.0] * len(outputs)

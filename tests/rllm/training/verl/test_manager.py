@@ -113,7 +113,7 @@ async def test_the_real_search_tool_without_the_servers_token_raises_the_401(tok
     _cached_tools.cache_clear()
     server = FakeServerManager(tokenizer, search_then_answer_with_top_title)
     loop, _ = build_loop(tokenizer, server, stand_in_tool=False)
-    output = await loop.run(dict(SAMPLING), **row())
+    (output,) = await loop.run(dict(SAMPLING), **row())
     assert output.extra_fields["termination_reason"] == "finished" and output.extra_fields["num_tool_calls"] == 1
 
 

@@ -1,0 +1,142 @@
+"""A history that a conversation manager rewrites becomes new samples, each exact, never an error.
+
+Real Strands agents with Strands' own ``SlidingWindowConversationManager`` (per turn, and on a
+context overflow), unchanged, over a scripted token policy that writes real Qwen3 token ids with
+Qwen3's shipped template. What is checked is what training reads: every sampled token in exactly
+one sample with its logprob and mask 1, each sample's prompt the template's render of the
+rewritten messages its first call was sent, and one trajectory per sample.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from strands import tool
+from strands.agent.conversation_manager import SlidingWindowConversationManager
+
+from rllm.integrations.strands import RLLMModel, StrandsAgent
+from rllm.integrations.strands.rollout import run_rollout
+from rllm.testing.chat_templates import FAMILIES
+from rllm.testing.scripted_tokens import ScriptedTokenEngine
+from rllm.types import Trajectory
+
+SYSTEM = "Look things up, then answer with \\boxed{}."
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    return FAMILIES["qwen3"].tokenizer()
+
+
+def lookups_then_answer(lookups: int, result_chars: int = 5):
+    """A policy that calls ``lookup`` ``lookups`` times (counting its own calls), then answers; and the tool."""
+    made: list[str] = []
+
+    def script(prompt: str) -> str:
+        if len(made) < lookups:
+            made.append(f"k{len(made)}")
+            return f'<tool_call>\n{{"name": "lookup", "arguments": {{"key": "{made[-1]}"}}}}\n</tool_call>'
+        return "\\boxed{done}"
+
+    @tool
+    def lookup(key: str) -> str:
+        """Look a key up."""
+        return f"value of {key}: " + " ".join(f"w{i}" for i in range(result_chars))
+
+    return script, lookup
+
+
+def check_samples(engine: ScriptedTokenEngine, trajectories: list[Trajectory]) -> None:
+    """Every call's sampled tokens exactly once, at the right place of its own sample; each prompt a full render."""
+    for trajectory in trajectories:
+        trace = trajectory.token_trace
+        assert trace is not None and trajectory.steps
+        trace.check()
+        first = trajectory.steps[0]
+        assert trace.token_ids[: trace.prompt_length] == engine.renderer.prompt_ids(first.messages, first.tools)
+        sampled: list[int] = []
+        for step in trajectory.steps:
+            output = step.model_output
+            start = len(output.prompt_ids)
+            assert trace.token_ids[:start] == output.prompt_ids  # token-in/token-out within the sample
+            assert trace.token_ids[start : start + len(output.completion_ids)] == output.completion_ids
+            assert trace.loss_mask[start : start + len(output.completion_ids)] == [1] * len(output.completion_ids)
+            assert trace.logprobs[start : start + len(output.completion_ids)] == output.logprobs
+            sampled += output.completion_ids
+        assert [t for t, m in zip(trace.token_ids, trace.loss_mask, strict=True) if m] == sampled
+
+
+async def test_a_per_turn_sliding_window_makes_new_samples_each_exact(tokenizer) -> None:
+    script, lookup = lookups_then_answer(6)
+    engine = ScriptedTokenEngine(tokenizer, script)
+    agent = StrandsAgent(RLLMModel(engine), tools=[lookup], system_prompt=SYSTEM,
+                         conversation_manager=SlidingWindowConversationManager(window_size=4, per_turn=True))
+
+    finished = await run_rollout(agent, "Find k0 to k5.")
+
+    assert finished.end.reason.value == "finished" and finished.end.final_answer == "\\boxed{done}"
+    trajectories = agent.trajectories
+    assert len(trajectories) > 1  # the window rewrote the history: not an error, new samples
+    assert [t.info["sample"] for t in trajectories] == list(range(len(trajectories)))
+    assert {t.name for t in trajectories} == {"agent"}
+    assert sum(len(t.steps) for t in trajectories) == 7  # six lookups and the answer, each recorded once
+    assert [t.token_trace for t in trajectories] == agent.token_session.samples
+    check_samples(engine, trajectories)
+    # A later sample starts from the window, not from the first question.
+    later = trajectories[-1].steps[0].messages
+    assert len(later) <= 1 + 4 and not any("Find k0 to k5." in json.dumps(m) for m in later)
+    # What training reads: one set of verl fields per sample, the samples' sampled tokens all of the rollout's.
+    assert len(finished.samples) == len(trajectories) and finished.num_model_calls == 7
+    sampled = sum(sum(fields["response_mask"]) for fields in finished.samples)
+    assert sampled == sum(len(s.model_output.completion_ids) for t in trajectories for s in t.steps)
+    assert finished.metrics["samples"] == len(trajectories) and finished.metrics["tool_calls"] == 6
+
+
+async def test_an_overflow_that_strands_reduces_continues_in_a_new_sample(tokenizer) -> None:
+    # Strands' default manager (not per turn) trims only when the model reports a context overflow.
+    script, lookup = lookups_then_answer(5, result_chars=60)
+    engine = ScriptedTokenEngine(tokenizer, script, context_length=700)
+    agent = StrandsAgent(RLLMModel(engine), tools=[lookup], system_prompt=SYSTEM,
+                         conversation_manager=SlidingWindowConversationManager())
+
+    finished = await run_rollout(agent, "Find k0 to k4.")
+
+    assert finished.end.reason.value == "finished"
+    trajectories = agent.trajectories
+    assert len(trajectories) >= 2
+    check_samples(engine, trajectories)
+    assert all(len(t.token_trace) <= 700 for t in trajectories)
+    assert sum(len(t.steps) for t in trajectories) == 6
+
+
+async def test_an_append_only_history_stays_one_sample(tokenizer) -> None:
+    script, lookup = lookups_then_answer(3)
+    engine = ScriptedTokenEngine(tokenizer, script)
+    agent = StrandsAgent(RLLMModel(engine), tools=[lookup], system_prompt=SYSTEM,
+                         conversation_manager=SlidingWindowConversationManager(window_size=40, per_turn=True))
+
+    finished = await run_rollout(agent, "Find k0 to k2.")
+
+    assert len(agent.trajectories) == 1 and len(finished.samples) == 1 and len(agent.trajectory.steps) == 4
+    check_samples(engine, agent.trajectories)
+
+
+async def test_reset_forgets_the_samples(tokenizer) -> None:
+    script, lookup = lookups_then_answer(6)
+    engine = ScriptedTokenEngine(tokenizer, script)
+    agent = StrandsAgent(RLLMModel(engine), tools=[lookup], system_prompt=SYSTEM,
+                         conversation_manager=SlidingWindowConversationManager(window_size=4, per_turn=True))
+    await run_rollout(agent, "Find k0 to k5.")
+    assert len(agent.trajectories) > 1
+
+    agent.reset()
+
+    assert len(agent.trajectories) == 1 and agent.trajectory.steps == [] and agent.token_session is None
+
+
+def test_the_agents_name_is_its_strands_name_and_its_trajectories_name() -> None:
+    engine = ScriptedTokenEngine(FAMILIES["qwen3"].tokenizer(), lambda prompt: "ok")
+    agent = StrandsAgent(RLLMModel(engine), name="researcher")
+    assert agent.name == "researcher" and agent.trajectory.name == "researcher"
