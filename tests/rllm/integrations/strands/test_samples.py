@@ -48,6 +48,15 @@ def lookups_then_answer(lookups: int, result_chars: int = 5):
     return script, lookup
 
 
+def windowed_agent(tokenizer: Any, lookups: int, window: int) -> tuple[ScriptedTokenEngine, StrandsAgent]:
+    """A scripted policy making ``lookups`` calls, run by an agent under Strands' per-turn sliding window."""
+    script, lookup = lookups_then_answer(lookups)
+    engine = ScriptedTokenEngine(tokenizer, script)
+    agent = StrandsAgent(RLLMModel(engine), tools=[lookup], system_prompt=SYSTEM,
+                         conversation_manager=SlidingWindowConversationManager(window_size=window, per_turn=True))
+    return engine, agent
+
+
 def check_samples(engine: ScriptedTokenEngine, trajectories: list[Trajectory]) -> None:
     """Every call's sampled tokens exactly once, at the right place of its own sample; each prompt a full render."""
     for trajectory in trajectories:
@@ -69,10 +78,7 @@ def check_samples(engine: ScriptedTokenEngine, trajectories: list[Trajectory]) -
 
 
 async def test_a_per_turn_sliding_window_makes_new_samples_each_exact(tokenizer) -> None:
-    script, lookup = lookups_then_answer(6)
-    engine = ScriptedTokenEngine(tokenizer, script)
-    agent = StrandsAgent(RLLMModel(engine), tools=[lookup], system_prompt=SYSTEM,
-                         conversation_manager=SlidingWindowConversationManager(window_size=4, per_turn=True))
+    engine, agent = windowed_agent(tokenizer, 6, 4)
 
     finished = await run_rollout(agent, "Find k0 to k5.")
 
@@ -112,10 +118,7 @@ async def test_an_overflow_that_strands_reduces_continues_in_a_new_sample(tokeni
 
 
 async def test_an_append_only_history_stays_one_sample(tokenizer) -> None:
-    script, lookup = lookups_then_answer(3)
-    engine = ScriptedTokenEngine(tokenizer, script)
-    agent = StrandsAgent(RLLMModel(engine), tools=[lookup], system_prompt=SYSTEM,
-                         conversation_manager=SlidingWindowConversationManager(window_size=40, per_turn=True))
+    engine, agent = windowed_agent(tokenizer, 3, 40)
 
     finished = await run_rollout(agent, "Find k0 to k2.")
 
@@ -124,10 +127,7 @@ async def test_an_append_only_history_stays_one_sample(tokenizer) -> None:
 
 
 async def test_reset_forgets_the_samples(tokenizer) -> None:
-    script, lookup = lookups_then_answer(6)
-    engine = ScriptedTokenEngine(tokenizer, script)
-    agent = StrandsAgent(RLLMModel(engine), tools=[lookup], system_prompt=SYSTEM,
-                         conversation_manager=SlidingWindowConversationManager(window_size=4, per_turn=True))
+    _, agent = windowed_agent(tokenizer, 6, 4)
     await run_rollout(agent, "Find k0 to k5.")
     assert len(agent.trajectories) > 1
 
