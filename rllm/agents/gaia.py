@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rllm.engine.rollout import RolloutEngine
-from rllm.integrations.strands import Budget
+from rllm.integrations.strands import Budget, StrandsAgent
 from rllm.integrations.strands.rollout import build_agent
 from rllm.rewards.gaia_reward import RewardGaiaFn
 from rllm.testing.scripted_server import ScriptedReply, ScriptedToolCall
@@ -79,8 +79,8 @@ class GaiaWorkflow(StrandsWorkflow):
         model_kwargs: dict[str, Any] | None = None,
         agent_kwargs: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__(rollout_engine, tools=[], system_prompt=system_prompt, reward_fn=reward_fn or RewardGaiaFn(),
-                         budget=budget, model_kwargs=model_kwargs, agent_kwargs=agent_kwargs)
+        super().__init__(rollout_engine, agent_factory=self._build_agent, reward_fn=reward_fn or RewardGaiaFn(),
+                         budget=budget, model_kwargs=model_kwargs)
         self.work_root = Path(work_root).resolve()
         self.system_prompt = system_prompt
         self.budget = budget
@@ -109,11 +109,15 @@ class GaiaWorkflow(StrandsWorkflow):
         super().reset()
         self.work_dir = None
 
+    def _build_agent(self, model: Any, task: dict[str, Any]) -> StrandsAgent:
+        """The task's agent: the GAIA tools bound to its work dir (the workflow's agent factory)."""
+        assert self.work_dir is not None
+        return build_agent(model, tools=gaia_tools(self.work_dir, **self.tool_options),
+                           system_prompt=self.system_prompt, budget=self.budget, **self.agent_kwargs)
+
     async def run(self, task: dict[str, Any], uid: str) -> Episode:
-        """Set up the task's work dir and tools, then run and score the agent."""
+        """Set up the task's work dir, then build, run and score the agent."""
         self.work_dir = await asyncio.to_thread(self._prepare_work_dir, task, uid)
-        self.agent = build_agent(self.model, tools=gaia_tools(self.work_dir, **self.tool_options),
-                                 system_prompt=self.system_prompt, budget=self.budget, **self.agent_kwargs)
         episode = await super().run(task, uid)
         episode.info["work_dir"] = str(self.work_dir)
         return episode

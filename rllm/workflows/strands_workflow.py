@@ -1,8 +1,10 @@
-"""``StrandsWorkflow``: one ``StrandsAgent`` per instance, run with ``invoke_async`` and scored.
+"""``StrandsWorkflow``: a Strands agent per task, run with ``invoke_async`` and scored.
 
-The agent is built once per workflow instance over ``RLLMModel(rollout_engine)`` and restored by
-``StrandsAgent.reset()`` between tasks; nothing here blocks the event loop, so a pool of N
-instances really runs N agents at once.
+Either the workflow builds a ``StrandsAgent`` from tools, a system prompt and a budget (once per
+instance over ``RLLMModel(rollout_engine)``, restored by ``reset()`` between tasks), or a user's
+``agent_factory(model, task)`` builds any Strands ``Agent`` for each task over the workflow's
+``RLLMModel`` (its own class, hooks, conversation manager, tools), to which a ``RolloutRecorder`` is
+attached. Nothing here blocks the event loop, so a pool of N instances really runs N agents at once.
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from strands import Agent
+
 from rllm.engine.rollout.base import RolloutEngine
-from rllm.integrations.strands import Budget, RLLMModel
+from rllm.integrations.strands import Budget, RLLMModel, RolloutRecorder, record
 from rllm.integrations.strands.rollout import build_agent, run_rollout, trajectory_metrics
 from rllm.rewards.base import RewardOutput
 from rllm.types import Episode, TerminationReason
@@ -24,6 +28,8 @@ logger = logging.getLogger(__name__)
 
 TaskToPrompt = Callable[[dict[str, Any]], Any]
 Tools = list[Any] | Callable[[], list[Any]]
+AgentFactory = Callable[[RLLMModel, dict[str, Any]], Agent]
+"""``agent_factory(model, task)``: the Strands ``Agent`` that runs ``task``, built on ``model``."""
 
 
 def default_task_to_prompt(task: dict[str, Any]) -> str:
@@ -35,16 +41,18 @@ def default_task_to_prompt(task: dict[str, Any]) -> str:
 
 
 class StrandsWorkflow(Workflow):
-    """Runs a Strands agent with the given tools, prompt, budget and reward on one task.
+    """Runs a Strands agent on one task and scores its final answer.
 
     Args:
         rollout_engine: Engine behind the agent's ``RLLMModel``.
         tools: Strands tools, or a factory called once per instance for tools that hold
-            per-agent state (a work directory, a session).
-        system_prompt: The agent's system prompt.
+            per-agent state (a work directory, a session). Not with ``agent_factory``.
+        system_prompt: The agent's system prompt. Not with ``agent_factory``.
         reward_fn: ``reward_fn(task, final_answer_text) -> RewardOutput`` (may be async); ``None``
             leaves episodes unscored.
-        budget: Per-episode limits on model turns and tool calls.
+        agent_factory: ``agent_factory(model, task)`` returning any Strands ``Agent`` built on
+            ``model`` (the workflow's ``RLLMModel``), called for every task; instead of ``tools``.
+        budget: Per-episode limits on model turns and tool calls (for a factory's agent too).
         task_to_prompt: Builds the user message from a task; default: its ``question``.
         model_kwargs: ``RLLMModel`` config (``params`` for sampling, ``model_id``, ...).
         agent_kwargs: Extra ``StrandsAgent`` arguments (``name``, ``validate_tool_calls``, hooks, ...).
@@ -54,29 +62,60 @@ class StrandsWorkflow(Workflow):
         self,
         rollout_engine: RolloutEngine,
         *,
-        tools: Tools,
-        system_prompt: str | None,
+        tools: Tools | None = None,
+        system_prompt: str | None = None,
         reward_fn: Callable[[dict[str, Any], str], Any] | None,
+        agent_factory: AgentFactory | None = None,
         budget: Budget | None = None,
         task_to_prompt: TaskToPrompt | None = None,
         model_kwargs: dict[str, Any] | None = None,
         agent_kwargs: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(rollout_engine)
+        if (agent_factory is None) == (tools is None):
+            raise TypeError("StrandsWorkflow: give either tools (with system_prompt) or agent_factory, not both")
+        if agent_factory is not None and (system_prompt is not None or agent_kwargs):
+            raise TypeError("StrandsWorkflow: with agent_factory, the factory sets the agent's system prompt and "
+                            "arguments; system_prompt and agent_kwargs would be ignored")
         self.reward_fn = reward_fn
         self.task_to_prompt = task_to_prompt or default_task_to_prompt
         self.model = RLLMModel(rollout_engine, **(model_kwargs or {}))
-        self.agent = build_agent(
-            self.model,
-            tools=tools() if callable(tools) else list(tools),
-            system_prompt=system_prompt,
-            budget=budget,
-            **(agent_kwargs or {}),
-        )
+        self.agent_factory = agent_factory
+        self.budget = budget
+        self.agent: Agent | None = None
+        self.recorder: RolloutRecorder | None = None
+        if tools is not None:
+            agent = build_agent(
+                self.model,
+                tools=tools() if callable(tools) else list(tools),
+                system_prompt=system_prompt,
+                budget=budget,
+                **(agent_kwargs or {}),
+            )
+            self.agent, self.recorder = agent, agent.recorder
 
     def reset(self) -> None:
-        """Restore the agent to its freshly built state (messages, trajectory, counters, token session)."""
-        self.agent.reset()
+        """Restore the agent to its freshly built state (messages, trajectory, counters, token session).
+
+        A factory's agent is built anew for every task instead.
+        """
+        if self.agent_factory is None:
+            self.agent.reset()  # type: ignore[union-attr]  # the StrandsAgent built from tools
+        else:
+            self.agent = self.recorder = None
+
+    def _agent_for(self, task: dict[str, Any]) -> tuple[Agent, RolloutRecorder]:
+        if self.agent_factory is None:
+            assert self.agent is not None and self.recorder is not None
+            return self.agent, self.recorder
+        previous, self.agent, self.recorder = self.agent, None, None
+        agent = self.agent_factory(self.model, task)
+        if not isinstance(agent, Agent):
+            raise TypeError(f"agent_factory returned a {type(agent).__name__}, not a Strands Agent")
+        if agent is previous:
+            raise ValueError("agent_factory returned the previous task's agent; build a new agent for every task")
+        self.agent, self.recorder = agent, record(agent, budget=self.budget)
+        return self.agent, self.recorder
 
     async def run(self, task: dict[str, Any], uid: str) -> Episode:
         """Run the agent on ``task`` (``run_rollout``); a run that did not finish cleanly ends unscored with its reason.
@@ -86,7 +125,8 @@ class StrandsWorkflow(Workflow):
         a generation the server aborted, ``ENGINE_ERROR``) or a cancelled run (``CANCELLED``) is
         never scored, with the failure in ``info["error"]``.
         """
-        finished = await run_rollout(self.agent, self.task_to_prompt(task))
+        agent, recorder = self._agent_for(task)
+        finished = await run_rollout(agent, self.task_to_prompt(task), recorder=recorder)
         end = finished.end
         if finished.error is not None or not end.scored:
             logger.debug("episode %s ended by %s: %s", uid, end.reason.value, end.failure)
@@ -121,7 +161,7 @@ class StrandsWorkflow(Workflow):
     ) -> Episode:
         """An unscored episode carrying the steps the agent recorded before it stopped."""
         episode = super().failed_episode(task, uid, reason, error)
-        trajectories = list(self.agent.trajectories)
+        trajectories = list(self.recorder.trajectories) if self.recorder is not None else []
         episode.trajectories = trajectories
         episode.metrics.update(trajectory_metrics(trajectories))
         episode.info["final_answer"] = ""

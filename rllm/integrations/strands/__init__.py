@@ -4,6 +4,7 @@ from rllm.integrations.strands.agent import StrandsAgent
 from rllm.integrations.strands.hooks import Budget, BudgetHook, ToolCallValidator, ToolFailureHook
 from rllm.integrations.strands.model import RLLMModel
 from rllm.integrations.strands.openai_model import NonStreamingOpenAIModel
+from rllm.integrations.strands.recorder import RolloutRecorder, record
 from rllm.integrations.strands.recording import ModelCall
 from rllm.integrations.strands.termination import describe_failure, termination_reason_for
 
@@ -13,9 +14,11 @@ __all__ = [
     "ModelCall",
     "NonStreamingOpenAIModel",
     "RLLMModel",
+    "RolloutRecorder",
     "StrandsAgent",
     "ToolCallValidator",
     "ToolFailureHook",
     "describe_failure",
+    "record",
     "termination_reason_for",
 ]

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from strands import Agent
 from strands.models.model import Model
 
 from rllm.engine.rollout.base import RolloutEngine
@@ -25,6 +26,7 @@ from rllm.errors import RolloutWithoutTokensError
 from rllm.integrations.strands.agent import StrandsAgent
 from rllm.integrations.strands.hooks import Budget
 from rllm.integrations.strands.model import RLLMModel
+from rllm.integrations.strands.recorder import RolloutRecorder
 from rllm.integrations.strands.termination import describe_failure, termination_reason_for
 from rllm.types import TerminationReason, Trajectory
 
@@ -89,15 +91,23 @@ class RolloutEnd:
         return self.reason.is_scored
 
 
-def read_rollout(agent: StrandsAgent, error: BaseException | None = None) -> RolloutEnd:
-    """Read the end of the agent's last run; ``error`` is what its invocation raised, if anything."""
-    reason = (agent.termination_reason or TerminationReason.ERROR) if error is None else termination_reason_for(error)
+def read_rollout(recorder: RolloutRecorder, error: BaseException | None = None,
+                 stop_reason: str | None = None) -> RolloutEnd:
+    """Read the end of an agent's last run from its recorder; ``error`` is what the run raised, if anything.
+
+    ``stop_reason`` is the run's ``AgentResult.stop_reason`` (``None`` when it raised).
+    """
+    if error is None:
+        reason = recorder.termination_reason(stop_reason) or TerminationReason.ERROR
+    else:
+        reason = termination_reason_for(error)
     failure = ""
     if error is not None:
         failure = describe_failure(error)
     elif not reason.is_scored:
-        failure = agent.tool_failures.description or reason.value
-    answer = final_answer_text(agent.trajectory) if reason is TerminationReason.FINISHED and error is None else ""
+        failure = recorder.tool_failures.description or reason.value
+    finished = reason is TerminationReason.FINISHED and error is None
+    answer = final_answer_text(recorder.trajectories[-1]) if finished else ""
     return RolloutEnd(reason=reason, failure=failure, final_answer=answer)
 
 
@@ -175,28 +185,41 @@ def _truncated(response: int, response_length: int | None, reason: TerminationRe
 
 
 async def run_rollout(
-    agent: StrandsAgent, prompt: Any, *, timeout_s: float | None = None, response_length: int | None = None,
+    agent: Agent, prompt: Any, *, recorder: RolloutRecorder | None = None, timeout_s: float | None = None,
+    response_length: int | None = None,
 ) -> FinishedRollout:
     """Run ``agent`` on ``prompt`` and read everything training and evaluation need from it.
 
-    Every exception of the run is caught and classified (``FinishedRollout.end``) and kept in
-    ``error``, so that training can raise what is neither a policy outcome nor infrastructure
-    (``raise_if_unexpected``) and evaluation can keep it in the episode. ``timeout_s`` bounds the
-    run (a run past it is ``TIMEOUT``, infrastructure). ``response_length`` cuts the exported
-    token fields (verl's ``rollout.response_length``); ``None`` exports the whole response.
+    ``agent`` is a ``StrandsAgent`` (its own recorder) or any Strands ``Agent`` with the recorder
+    ``record(agent)`` attached to it once. Every exception of the run is caught and classified
+    (``FinishedRollout.end``) and kept in ``error``, so that training can raise what is neither a
+    policy outcome nor infrastructure (``raise_if_unexpected``) and evaluation can keep it in the
+    episode; a tool's ``ConfigurationError`` is raised from the run, whatever the agent's class.
+    ``timeout_s`` bounds the run (a run past it is ``TIMEOUT``, infrastructure). ``response_length``
+    cuts the exported token fields (verl's ``rollout.response_length``); ``None`` exports the whole
+    response.
     """
+    if recorder is None:
+        if not isinstance(agent, StrandsAgent):
+            raise TypeError(f"run_rollout: a {type(agent).__name__} records nothing by itself; attach a recorder "
+                            "once with rllm.integrations.strands.record(agent) and pass it as recorder=")
+        recorder = agent.recorder
     error: BaseException | None = None
+    stop_reason: str | None = None
     started = time.perf_counter()
     try:
         if timeout_s is None:
-            await agent.invoke_async(prompt)
+            result = await agent.invoke_async(prompt)
         else:
-            await asyncio.wait_for(agent.invoke_async(prompt), timeout=timeout_s)
+            result = await asyncio.wait_for(agent.invoke_async(prompt), timeout=timeout_s)
+        stop_reason = result.stop_reason
+        if recorder.tool_failures.fatal is not None:  # a StrandsAgent raised it already
+            raise recorder.tool_failures.fatal
     except Exception as caught:  # noqa: BLE001 - classified here; the consumer decides what to raise
         error = caught
     latency = time.perf_counter() - started
-    end = read_rollout(agent, error)
-    trajectories = list(agent.trajectories)
+    end = read_rollout(recorder, error, stop_reason)
+    trajectories = list(recorder.trajectories)
     metrics = {**trajectory_metrics(trajectories), "latency_s": latency}
     traces = [t.token_trace for t in trajectories if t.token_trace is not None]
     sampled = [trace for trace in traces if trace.num_turns] or traces[:1]

@@ -46,10 +46,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
+from strands import Agent
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
 
 from rllm.engine.rollout.verl_engine import VerlEngine, VerlSession
-from rllm.integrations.strands import Budget, RLLMModel, StrandsAgent, describe_failure
+from rllm.errors import ConfigurationError
+from rllm.integrations.strands import Budget, RLLMModel, RolloutRecorder, describe_failure, record
 from rllm.integrations.strands.rollout import FinishedRollout, build_agent, run_rollout
 from rllm.parser import get_tool_parser
 from rllm.tokens.renderer import content_text
@@ -83,7 +85,14 @@ class LoopSettings:
     """What the loop runs, from the recipe's ``rllm.agent_loop`` block and verl's ``multi_turn`` keys.
 
     Attributes:
-        tool_factory: ``module:function`` returning the agent's Strands tools (required).
+        tool_factory: ``module:function`` returning the agent's Strands tools; the loop builds a
+            ``StrandsAgent`` with them, the system prompt and the budget. One of it and ``agent_factory``.
+        agent_factory: ``module:function`` with ``function(model, row)`` returning any Strands ``Agent``
+            built on ``model`` (the rollout's ``RLLMModel``) for the dataset row as verl passes it
+            (``raw_prompt``, ``extra_info``, ``reward_model``, ...): the user's own agent, its class,
+            hooks, tools and conversation manager. The loop attaches a ``RolloutRecorder`` (with the
+            budget and ``infra_exceptions``) and runs it on the row's prompt without its system
+            message, which the factory reads from the row if it wants it.
         tool_kwargs: Keyword arguments for ``tool_factory`` (e.g. ``retrieval_url``).
         system_prompt: Used when the row's prompt has no system message (a row without one and a
             ``None`` here is refused).
@@ -103,7 +112,7 @@ class LoopSettings:
             ``max_tokens``); ``None``: whatever is left of ``response_length``.
     """
 
-    tool_factory: str
+    tool_factory: str | None
     tool_kwargs: dict[str, Any]
     system_prompt: str | None
     budget: Budget
@@ -111,10 +120,11 @@ class LoopSettings:
     timeout_s: float | None
     infra_exceptions: tuple[type[BaseException], ...]
     max_tokens_per_turn: int | None = None
+    agent_factory: str | None = None
 
 
-_BLOCK_KEYS = ("tool_factory", "tool_kwargs", "system_prompt", "budget", "timeout_s", "infra_exceptions",
-               "max_tokens_per_turn")
+_BLOCK_KEYS = ("tool_factory", "agent_factory", "tool_kwargs", "system_prompt", "budget", "timeout_s",
+               "infra_exceptions", "max_tokens_per_turn")
 
 
 def _budget(value: Any) -> Budget:
@@ -160,8 +170,9 @@ def loop_settings(config: Any) -> LoopSettings:
     if unknown:
         raise ValueError(f"unknown keys {[f'{SETTINGS_KEY}.{k}' for k in unknown]}; "
                          f"StrandsAgentLoop reads {', '.join(_BLOCK_KEYS)}")
-    if not values.get("tool_factory"):
-        raise ValueError(f"{SETTINGS_KEY}.tool_factory must name the agent's tools (module:function)")
+    if bool(values.get("tool_factory")) == bool(values.get("agent_factory")):
+        raise ValueError(f"{SETTINGS_KEY}: set either tool_factory (the agent's tools, module:function) or "
+                         "agent_factory (module:function building the whole Strands agent), exactly one")
     multi_turn = dict(_plain(OmegaConf.select(config, MULTI_TURN_KEY, default=None)) or {})
     _check_multi_turn(multi_turn)
     budget = _budget(values.get("budget"))
@@ -177,7 +188,8 @@ def loop_settings(config: Any) -> LoopSettings:
     if per_turn is not None and int(per_turn) < 1:
         raise ValueError(f"{SETTINGS_KEY}.max_tokens_per_turn must be at least 1 (or null), got {per_turn}")
     return LoopSettings(
-        tool_factory=str(values["tool_factory"]),
+        tool_factory=str(values["tool_factory"]) if values.get("tool_factory") else None,
+        agent_factory=str(values["agent_factory"]) if values.get("agent_factory") else None,
         tool_kwargs=dict(values.get("tool_kwargs") or {}),
         system_prompt=values.get("system_prompt"),
         budget=budget,
@@ -335,23 +347,38 @@ class StrandsAgentLoop(AgentLoopBase):
         """
         system, conversation = split_prompt(kwargs["raw_prompt"])
         params = {} if self.settings.max_tokens_per_turn is None else {"max_tokens": self.settings.max_tokens_per_turn}
-        agent = build_agent(
-            RLLMModel(self.build_engine(sampling_params), params=params),
-            tools=build_tools(self.settings.tool_factory, self.settings.tool_kwargs),
-            system_prompt=self._system_prompt(system),
-            budget=self.settings.budget,
-            name=self.name,
-            infra_exceptions=self.settings.infra_exceptions,
-        )
+        model = RLLMModel(self.build_engine(sampling_params), params=params)
+        agent, recorder = self._agent(model, system, kwargs)
         prompt: Any = conversation
         if len(conversation) == 1 and conversation[0]["role"] == "user":
             prompt = conversation[0]["content"][0]["text"]
-        finished = await run_rollout(agent, prompt, timeout_s=self.settings.timeout_s,
+        finished = await run_rollout(agent, prompt, recorder=recorder, timeout_s=self.settings.timeout_s,
                                      response_length=self.response_length)
         finished.raise_if_unexpected()
-        return self._outputs(agent, finished, kwargs)
+        return self._outputs(agent, recorder, finished, kwargs)
 
-    def _outputs(self, agent: StrandsAgent, finished: FinishedRollout, row: dict[str, Any]) -> list[AgentLoopOutput]:
+    def _agent(self, model: RLLMModel, system: str | None, row: dict[str, Any]) -> tuple[Agent, RolloutRecorder]:
+        """The rollout's agent and its recorder: built from ``tool_factory``, or the user's ``agent_factory``."""
+        settings = self.settings
+        if settings.agent_factory is None:
+            assert settings.tool_factory is not None
+            built = build_agent(model, tools=build_tools(settings.tool_factory, settings.tool_kwargs),
+                                system_prompt=self._system_prompt(system), budget=settings.budget, name=self.name,
+                                infra_exceptions=settings.infra_exceptions)
+            return built, built.recorder
+        receive_secrets()
+        agent = import_object(settings.agent_factory)(model, {key: _plain(value) for key, value in row.items()})
+        if not isinstance(agent, Agent):
+            raise ConfigurationError(f"{SETTINGS_KEY}.agent_factory={settings.agent_factory} returned a "
+                                     f"{type(agent).__name__}, not a Strands Agent")
+        if agent.model is not model:
+            raise ConfigurationError(f"{SETTINGS_KEY}.agent_factory={settings.agent_factory} built its agent on "
+                                     f"another model ({type(agent.model).__name__}); build it on the model it is "
+                                     "given, whose token engine records what training needs")
+        return agent, record(agent, budget=settings.budget, infra_exceptions=settings.infra_exceptions)
+
+    def _outputs(self, agent: Agent, recorder: RolloutRecorder, finished: FinishedRollout,
+                 row: dict[str, Any]) -> list[AgentLoopOutput]:
         """One ``AgentLoopOutput`` per sample of a finished rollout, masked when not ``scored`` (infra, cancelled).
 
         Every sample carries the rollout's ``extra_fields`` (the last one is scored) plus its
@@ -371,7 +398,7 @@ class StrandsAgentLoop(AgentLoopBase):
             "response_truncated": finished.truncated,
             "num_samples": len(samples),
         }
-        session = agent.token_session
+        session = recorder.token_session
         stats = session if isinstance(session, VerlSession) else VerlSession()
         low = stats.min_global_steps if stats.min_global_steps is not None else row.get("global_steps")
         high = stats.max_global_steps if stats.max_global_steps is not None else low

@@ -56,3 +56,50 @@ async def test_a_cancelled_rollout_is_recorded_unscored_and_not_retried(after_cu
     assert stats.cancelled == 1 and stats.scored == 0 and stats.infrastructure_failures == 0
     report = search_report([episode])
     assert report["scored"] == 0 and report["cancelled"] == 1 and report["infrastructure_failures"] == 0
+
+
+async def test_a_users_own_agent_from_a_factory_is_evaluated_with_every_sample_kept() -> None:
+    # The user's factory: a plain strands.Agent with Strands' default sliding window, long tool results.
+    from strands import Agent
+    from strands.agent.conversation_manager import SlidingWindowConversationManager
+
+    @tool
+    def lookup(key: str) -> str:
+        """Look a key up."""
+        return f"{key} holds 7. " + " ".join(f"w{i}" for i in range(60))
+
+    def factory(model: Any, task: dict[str, Any]) -> Agent:
+        built.append(task["id"])
+        return Agent(model=model, tools=[lookup], system_prompt="Answer in \\boxed{}.", callback_handler=None,
+                     conversation_manager=SlidingWindowConversationManager())
+
+    calls: list[int] = []
+
+    def policy(prompt: str) -> str:
+        calls.append(1)
+        return CALL if len(calls) % 6 else "\\boxed{7}"  # five lookups, then the answer
+
+    built: list[str] = []
+    engine = ScriptedTokenEngine(FAMILIES["qwen3"].tokenizer(), policy, context_length=700)
+    runner = AgentWorkflowEngine(
+        StrandsWorkflow, {"agent_factory": factory,
+                          "reward_fn": lambda task, answer: RewardOutput(reward=float(answer == "\\boxed{7}"),
+                                                                         is_correct=answer == "\\boxed{7}")},
+        engine, n_parallel_tasks=1, retry_limit=1, retry_backoff=0.0, progress=False)
+    [episode] = await runner.execute_tasks([{"id": "t", "question": "What does alpha hold?"}])
+
+    assert built == ["t"]
+    assert episode.termination_reason is TerminationReason.FINISHED and episode.reward == 1.0
+    assert len(episode.trajectories) >= 2  # the overflow was trimmed: the rollout went on in a new sample
+    assert [t.info["sample"] for t in episode.trajectories] == list(range(len(episode.trajectories)))
+    assert all(t.token_trace is not None and t.reward == 1.0 for t in episode.trajectories)
+    assert sum(len(t.steps) for t in episode.trajectories) == 6 and episode.metrics["tool_calls"] == 5
+    assert episode.metrics["samples"] == len(episode.trajectories)
+
+
+def test_a_workflow_takes_tools_or_an_agent_factory_not_both() -> None:
+    engine = ScriptedTokenEngine(FAMILIES["qwen3"].tokenizer(), lambda prompt: "ok")
+    with pytest.raises(TypeError, match="either tools"):
+        StrandsWorkflow(engine, tools=[], agent_factory=lambda model, task: None, reward_fn=None)
+    with pytest.raises(TypeError, match="either tools"):
+        StrandsWorkflow(engine, reward_fn=None)

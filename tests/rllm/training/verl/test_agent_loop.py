@@ -30,6 +30,7 @@ from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: E402
 from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 
 from rllm.engine.rollout.verl_engine import PromptTooLongError  # noqa: E402
+from rllm.errors import ConfigurationError  # noqa: E402
 from rllm.testing.scripted_tokens import Cut  # noqa: E402
 from rllm.training.verl.agent_loop import RolloutOutcome, StrandsAgentLoop  # noqa: E402
 
@@ -423,15 +424,10 @@ async def test_real_search_tool_with_the_retrieval_server_down_is_excluded(token
 
 
 
-async def test_a_rollout_whose_history_was_rewritten_is_stored_by_verl_as_one_row_per_sample(tokenizer,
-                                                                                            monkeypatch) -> None:
-    # A Strands sliding window (per turn) over the loop's own engine: the history is rewritten during the rollout.
-    from strands.agent.conversation_manager import SlidingWindowConversationManager
-
+async def test_a_users_agent_whose_history_is_rewritten_is_stored_by_verl_as_one_row_per_sample(tokenizer,
+                                                                                               monkeypatch) -> None:
+    # The recipe names a factory that returns a plain strands.Agent under Strands' per-turn sliding window.
     import verl.trainer.ppo.v1.agent_loop_tq as agent_loop_tq
-    from rllm.integrations.strands import RLLMModel, StrandsAgent
-    from rllm.integrations.strands.rollout import run_rollout
-    from rllm.training.verl.agent_loop import build_tools
 
     stored: list[dict[str, Any]] = []
 
@@ -447,21 +443,24 @@ async def test_a_rollout_whose_history_was_rewritten_is_stored_by_verl_as_one_ro
         return replies[len(calls) - 1]
 
     server = FakeServerManager(tokenizer, script)
-    loop, config = build_loop(tokenizer, server)
-    agent = StrandsAgent(RLLMModel(loop.build_engine(dict(SAMPLING))), tools=build_tools(
-        loop.settings.tool_factory, loop.settings.tool_kwargs), system_prompt=SYSTEM,
-        conversation_manager=SlidingWindowConversationManager(window_size=4, per_turn=True))
-    finished = await run_rollout(agent, "Where is the capital?", response_length=loop.response_length)
-    outputs = loop._outputs(agent, finished, row())
+    loop, config = build_loop(tokenizer, server, tool_factory=None, agent_factory="fixtures.verl_loop:windowed_agent")
+    LOOKUPS.clear()
 
-    assert len(outputs) == len(agent.trajectories) > 1
+    outputs = await loop.run(dict(SAMPLING), **row())
+
+    assert LOOKUPS == ["France", "Paris", "France", "Paris"] and len(server.calls) == 5
+    assert len(outputs) > 1  # the window rewrote the history: several samples, not an error
     assert [o.extra_fields["sample_index"] for o in outputs] == list(range(len(outputs)))
     assert {o.extra_fields["num_samples"] for o in outputs} == {len(outputs)}
-    # Each sample is its trace, exactly: every sampled token once, with the server's logprobs.
-    returned = [lp for c in server.calls for lp in c["log_probs"]]
-    assert [lp for o in outputs for lp, m in zip(o.response_logprobs, o.response_mask, strict=True) if m] == returned
+    assert outputs[-1].extra_fields["final_answer"] == "It is \\boxed{Paris}."
+    # Each sample exact: every sampled token once, in order, with the server's logprobs; nothing else trainable.
     assert [t for o in outputs for t, m in zip(o.response_ids, o.response_mask, strict=True) if m] == [
         t for c in server.calls for t in c["token_ids"]]
+    assert [lp for o in outputs for lp, m in zip(o.response_logprobs, o.response_mask, strict=True) if m] == [
+        lp for c in server.calls for lp in c["log_probs"]]
+    # A later sample's prompt is what the server was sent for that sample's first call.
+    firsts = [c["prompt_ids"] for c in server.calls]
+    assert all(o.prompt_ids in firsts for o in outputs)
 
     worker_cls = agent_loop_tq.AgentLoopWorkerTQ.__ray_actor_class__
     worker = worker_cls.__new__(worker_cls)
@@ -473,3 +472,11 @@ async def test_a_rollout_whose_history_was_rewritten_is_stored_by_verl_as_one_ro
     assert put["keys"] == [f"u-0_0_{i}" for i in range(len(outputs))]  # verl's rows: one per sample
     # The last sample is scored (the final answer is in it) and its reward copied to every sample.
     assert [sum(scores.tolist()) for scores in put["fields"]["rm_scores"]] == [1.0] * len(outputs)
+
+
+async def test_an_agent_factory_that_builds_on_another_model_is_refused(tokenizer) -> None:
+    server = FakeServerManager(tokenizer, turns_script("\\boxed{Paris}"))
+    loop, _ = build_loop(tokenizer, server, tool_factory=None, agent_factory="fixtures.verl_loop:agent_on_its_own_model")
+    with pytest.raises(ConfigurationError, match="build it on the model it is given"):
+        await loop.run(dict(SAMPLING), **row())
+    assert server.calls == []

@@ -46,6 +46,7 @@ ADDED_KEYS = {
     "rllm.guards.warn_on_tool_collapse": "rllm.training.verl.guards.GuardSettings",
     "rllm.max_infra_failure_share": "rllm.training.verl.manager.StrandsAgentLoopManager",
     "rllm.agent_loop.tool_factory": "rllm.training.verl.agent_loop.loop_settings",
+    "rllm.agent_loop.agent_factory": "rllm.training.verl.agent_loop.loop_settings",
     "rllm.agent_loop.tool_kwargs.retrieval_url": "rllm.training.verl.agent_loop.loop_settings",
     "rllm.agent_loop.system_prompt": "rllm.training.verl.agent_loop.loop_settings",
     "rllm.agent_loop.budget": "rllm.training.verl.agent_loop.loop_settings",
@@ -307,10 +308,11 @@ def test_the_loop_reads_its_settings_from_the_recipe_and_evaluations_budget(monk
     ("actor_rollout_ref.rollout.multi_turn.use_inference_chat_template=true", "use_inference_chat_template=True"),
     ("actor_rollout_ref.rollout.multi_turn.format=llama3_json", "multi_turn.format: unknown tool parser"),
     ("+rllm.agent_loop.max_turns=4", r"unknown keys \['rllm.agent_loop.max_turns'\]"),
-    ("rllm.agent_loop.tool_factory=null", "rllm.agent_loop.tool_factory must name"),
+    ("rllm.agent_loop.tool_factory=null", "set either tool_factory"),
+    ("rllm.agent_loop.agent_factory=fixtures.verl_loop:windowed_agent", "exactly one"),
     ("rllm.agent_loop.budget={max_turns:4}", r"budget: unknown keys \['max_turns'\]"),
 ], ids=["tool_response_length", "user_turns", "parallel_calls", "inference_template", "format", "unknown_key",
-        "no_factory", "budget_key"])
+        "no_factory", "both_factories", "budget_key"])
 def test_settings_the_loop_would_ignore_are_refused_at_launch(override: str, message: str) -> None:
     config = prepare_config(compose(override))
     with pytest.raises(ValueError, match=message):

@@ -1,0 +1,228 @@
+"""``RolloutRecorder``: what rllm records of any Strands agent's run, attached with its hooks.
+
+One ``Step`` per model call, in one ``Trajectory`` per sample (a rewritten history starts a new one:
+``TokenSession.samples``), the rollout's token session, the budget and the tool failures, and from
+them why the run ended. ``StrandsAgent`` carries one; ``record(agent)`` attaches one to an agent a
+user built (their own ``Agent``, its class, hooks and conversation manager), which is how an agent
+factory's agents are trained and evaluated.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from strands import Agent
+from strands.hooks import AfterModelCallEvent, BeforeModelCallEvent, HookProvider, HookRegistry, MessageAddedEvent
+from strands.types.content import Message
+
+from rllm.integrations.strands._cancel import CANCELLED, cancelled_output
+from rllm.integrations.strands._format import format_messages, format_tools
+from rllm.integrations.strands.hooks import Budget, BudgetHook, ToolCallValidator, ToolFailureHook
+from rllm.integrations.strands.recording import ModelCall, receive_token_session, receive_tool_errors, take_model_call
+from rllm.integrations.strands.termination import termination_reason_for
+from rllm.types import ModelOutput, Step, TerminationReason, ToolCall, Trajectory
+
+logger = logging.getLogger(__name__)
+
+
+def _output_from_message(message: Message) -> ModelOutput:
+    """A ``ModelOutput`` rebuilt from a Strands message, for models that record no ``ModelCall``."""
+    blocks = message["content"]
+    reasoning = "".join(
+        b["reasoningContent"].get("reasoningText", {}).get("text", "") for b in blocks if "reasoningContent" in b
+    )
+    return ModelOutput(
+        text="".join(b["text"] for b in blocks if "text" in b),
+        reasoning=reasoning or None,
+        tool_calls=[
+            ToolCall(
+                id=str(b["toolUse"]["toolUseId"]),
+                name=b["toolUse"]["name"],
+                arguments=json.dumps(b["toolUse"]["input"], ensure_ascii=False),
+                input=b["toolUse"]["input"] if isinstance(b["toolUse"]["input"], dict) else None,
+            )
+            for b in blocks
+            if "toolUse" in b
+        ],
+    )
+
+
+class _StepRecorder(HookProvider):
+    """Appends a ``Step`` after every successful model call of its agent, to the trajectory of its sample.
+
+    A token engine's rollout is one or more samples (``TokenSession.samples``: a rewritten history
+    starts a new one); the recorder keeps one ``Trajectory`` per sample, each with that sample's
+    ``token_trace`` and ``info["sample"]``, and records each call's step in the sample it extended.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.trajectories = [Trajectory(name=name)]
+        self.token_session: Any = None
+        self.last_error: BaseException | None = None
+        self._call_cancelled = False
+
+    @property
+    def trajectory(self) -> Trajectory:
+        """The current sample's trajectory (the only one unless the history was rewritten)."""
+        return self.trajectories[-1]
+
+    def reset(self) -> None:
+        self.trajectories = [Trajectory(name=self.name)]
+        self.token_session = None
+        self.last_error = None
+
+    def register_hooks(self, registry: HookRegistry, **kwargs: Any) -> None:
+        registry.add_callback(BeforeModelCallEvent, self._before_model_call)
+        registry.add_callback(AfterModelCallEvent, self._after_model_call)
+        registry.add_callback(MessageAddedEvent, self._message_added)
+
+    def _before_model_call(self, event: BeforeModelCallEvent) -> None:
+        # A call cancelled by a hook (the budget) never reaches the model: nothing to record.
+        self._call_cancelled = bool(event.cancel)
+        receive_token_session(event.invocation_state, self._receive_token_session)
+        receive_tool_errors(event.invocation_state, self.record_tool_error)
+
+    def _receive_token_session(self, session: Any) -> None:
+        """The rollout's token state, handed over by the model before its engine runs."""
+        self.token_session = session
+        self._follow_samples()
+
+    def _follow_samples(self) -> None:
+        """One trajectory per sample of the token session, each holding its sample's trace."""
+        samples = getattr(self.token_session, "samples", None)
+        if samples is None:
+            return
+        while len(self.trajectories) > len(samples) and not self.trajectories[-1].steps:
+            self.trajectories.pop()  # a sample its call took back (cancelled, aborted, overflowing)
+        for index, trace in enumerate(samples):
+            if index == len(self.trajectories):
+                self.trajectories.append(Trajectory(name=self.name))
+            self.trajectories[index].token_trace = trace
+            self.trajectories[index].info["sample"] = index
+
+    def last_step(self) -> Step | None:
+        """The latest recorded step, in whichever sample it is."""
+        return next((t.steps[-1] for t in reversed(self.trajectories) if t.steps), None)
+
+    def _after_model_call(self, event: AfterModelCallEvent) -> None:
+        call = take_model_call(event.invocation_state)
+        self._follow_samples()
+        if event.exception is not None:
+            self.last_error = event.exception
+            return
+        if event.stop_response is None or self._call_cancelled or event.retry:
+            return
+        agent = event.agent
+        if call is None:  # a model that does not record its calls: rebuild what it was given
+            cancelled = event.stop_response.stop_reason == CANCELLED  # the message is Strands' placeholder
+            call = ModelCall(
+                messages=format_messages(agent.messages, agent.system_prompt),
+                tools=format_tools(agent.tool_registry.get_all_tool_specs()),
+                output=cancelled_output() if cancelled else _output_from_message(event.stop_response.message),
+            )
+        self.last_error = None
+        self.trajectory.steps.append(
+            Step(
+                messages=call.messages,
+                tools=call.tools,
+                model_output=call.output,
+                stop_reason=event.stop_response.stop_reason,
+            )
+        )
+
+    def _message_added(self, event: MessageAddedEvent) -> None:
+        message = event.message
+        step = self.last_step()
+        if message["role"] == "user" and step is not None and any("toolResult" in b for b in message["content"]):
+            step.observation = [m for m in format_messages([message]) if m["role"] == "tool"]
+
+    def find_tool_call(self, tool_use_id: str) -> ToolCall | None:
+        """The raw tool call with this id from the latest step."""
+        step = self.last_step()
+        if step is None:
+            return None
+        return next((c for c in step.tool_calls if c.id == tool_use_id), None)
+
+    def record_tool_error(self, tool_use_id: str, name: str, error: str) -> None:
+        """Note on the latest step that a call was refused, and why."""
+        step = self.last_step()
+        if step is not None:
+            step.tool_errors.append({"id": tool_use_id, "name": name, "error": error})
+
+
+class RolloutRecorder:
+    """Records an agent's rollout through hooks: steps per sample, token session, budget, tool failures.
+
+    Args:
+        name: Names the recorded trajectories (an agent's name).
+        budget: Per-episode limits on model turns, tool rounds and tool calls.
+        validate_tool_calls: Refuse unknown tools, non-JSON arguments and missing arguments.
+        infra_exceptions: Exception classes that, raised by a tool, mean its backend failed, in
+            addition to ``rllm.errors.InfrastructureError`` (see ``ToolFailureHook``).
+    """
+
+    def __init__(self, name: str, *, budget: Budget | None = None, validate_tool_calls: bool = True,
+                 infra_exceptions: tuple[type[BaseException], ...] = ()) -> None:
+        self.steps = _StepRecorder(name)
+        self.budget_hook = BudgetHook(budget or Budget())
+        self.tool_failures = ToolFailureHook(tuple(infra_exceptions))
+        self.hooks: list[HookProvider] = [self.budget_hook, self.steps, self.tool_failures]
+        if validate_tool_calls:
+            self.hooks.append(ToolCallValidator(self.steps.find_tool_call, self.steps.record_tool_error))
+
+    def attach(self, agent: Agent) -> None:
+        """Register the hooks on ``agent`` (after its own: they only watch, and the budget ends turns)."""
+        for hook in self.hooks:
+            agent.hooks.add_hook(hook)
+
+    @property
+    def trajectories(self) -> list[Trajectory]:
+        """One trajectory per sample since the last ``reset()``, in order."""
+        return self.steps.trajectories
+
+    @property
+    def token_session(self) -> Any:
+        """The rollout's ``TokenSession`` when a token engine runs the agent (``None`` otherwise or before a call)."""
+        return self.steps.token_session
+
+    def termination_reason(self, stop_reason: str | None) -> TerminationReason | None:
+        """Why the run ended, given its last stop reason (``AgentResult.stop_reason``); ``None`` before any call."""
+        if self.tool_failures.reason is not None:
+            return self.tool_failures.reason
+        if self.tool_failures.fatal is not None:
+            return TerminationReason.ERROR
+        if self.budget_hook.exhausted is not None:
+            return self.budget_hook.exhausted
+        if self.steps.last_error is not None:
+            return termination_reason_for(self.steps.last_error)
+        if stop_reason == CANCELLED:  # a cancel while tools ran leaves no cancelled step
+            return TerminationReason.CANCELLED
+        step = self.steps.last_step()
+        if step is None:
+            return None
+        return termination_reason_for(stop_reason=step.stop_reason)
+
+    def reset(self) -> None:
+        """Forget the episode: steps, samples, session, counters, failures."""
+        self.steps.reset()
+        self.budget_hook.reset()
+        self.tool_failures.reset()
+
+
+def record(agent: Agent, *, budget: Budget | None = None, validate_tool_calls: bool = True,
+           infra_exceptions: tuple[type[BaseException], ...] = ()) -> RolloutRecorder:
+    """The recorder of ``agent``: a ``StrandsAgent``'s own, or a new one attached to any other ``Agent``.
+
+    A ``StrandsAgent`` keeps its own budget and validation, so the arguments apply to other agents
+    only. The trajectories are named by the agent's name.
+    """
+    own = getattr(agent, "recorder", None)
+    if isinstance(own, RolloutRecorder):
+        return own
+    recorder = RolloutRecorder(str(agent.name), budget=budget, validate_tool_calls=validate_tool_calls,
+                               infra_exceptions=infra_exceptions)
+    recorder.attach(agent)
+    return recorder
