@@ -1,5 +1,8 @@
 """Each training guard shown stopping verl's own trainer, on a fault injected from outside the code under test.
 
+Beside them, the run a guard must not stop: a user's agent whose history a sliding window rewrites,
+trained for two steps on exactly its samples, each rollout counted once.
+
 Every run is ``python -m rllm.training.verl.train --cpu`` on the lookup recipe (verl 0.9.1's v1 trainer,
 Ray, FSDP2, TransferQueue, the embedded rollout backend, ``StrandsAgentLoop``, the guarded trainer),
 sized to a tiny model and two prompts of two rollouts. The faults come from ``tests/fixtures/verl_faults.py``,
@@ -55,7 +58,8 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def _train(prepared: Path, out: Path, *overrides: str, fault: str = "", probe: str = "") -> Run:
+def _train(prepared: Path, out: Path, *overrides: str, fault: str = "", probe: str = "",
+           response_length: int = RESPONSE_LENGTH) -> Run:
     out.mkdir(parents=True, exist_ok=True)
     metrics_path = out / "verl_metrics.jsonl"
     command = [
@@ -66,8 +70,8 @@ def _train(prepared: Path, out: Path, *overrides: str, fault: str = "", probe: s
         "data.train_batch_size=2", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
-        "data.max_prompt_length=512", f"data.max_response_length={RESPONSE_LENGTH}",
-        f"actor_rollout_ref.rollout.max_model_len={512 + RESPONSE_LENGTH}",
+        "data.max_prompt_length=512", f"data.max_response_length={response_length}",
+        f"actor_rollout_ref.rollout.max_model_len={512 + response_length}",
         "rllm.agent_loop.tool_kwargs.world_size=60", "trainer.total_training_steps=3", "trainer.total_epochs=3",
         "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=-1",
         f"trainer.default_local_dir={out / 'checkpoints'}", f"hydra.run.dir={out / 'hydra'}",
@@ -135,3 +139,38 @@ def test_responses_cut_beyond_the_share_stop_verls_trainer(prepared: Path, tmp_p
     run = _train(prepared, tmp_path, "rllm.guards.max_truncated_share=0.5")
     assert run.returncode != 0, run.output[-3000:]
     assert "step 1: 100% of the responses were cut at response_length" in run.output, run.output[-3000:]
+
+
+@pytest.mark.timeout(900)
+def test_a_users_agent_whose_history_a_sliding_window_rewrites_trains_two_verl_steps_on_exactly_its_samples(
+        prepared: Path, tmp_path: Path) -> None:
+    # Not a fault: the recipe names a user's factory (a plain strands.Agent under a per-turn sliding window of 4)
+    # and the rollout server plays a policy that looks a box up on every turn, so each rollout's history is
+    # rewritten and comes back as several samples. Its log-probs are scripted, so the gap guard is off here.
+    run = _train(prepared, tmp_path, "rllm.agent_loop.tool_factory=null",
+                 "rllm.agent_loop.agent_factory=fixtures.verl_faults:windowed_lookup_agent",
+                 "rllm.guards.max_logprob_gap=null", "trainer.total_training_steps=2", fault="scripted_lookups",
+                 response_length=1024)
+    assert run.returncode == 0, run.output[-3000:]
+    assert [m["step"] for m in run.metrics] == [1, 2]
+    assert all(m["data"]["rllm/guard/split_rollouts"] > 0 for m in run.metrics)
+
+    samples = [json.loads(line) for path in tmp_path.glob("samples-*.jsonl") for line in path.read_text().splitlines()]
+    rows = [json.loads(line) for path in tmp_path.glob("rows-*.jsonl") for line in path.read_text().splitlines()]
+    trained = [r for r in rows if not r["padding"]]
+    stored = [s for s in samples if not s["validate"]]
+    per_rollout: dict[str, int] = {}
+    for sample in stored:
+        per_rollout[sample["rollout"]] = per_rollout.get(sample["rollout"], 0) + 1
+    assert len(per_rollout) == 2 * 2 * 2 and max(per_rollout.values()) > 1  # 2 steps x 2 prompts x 2 rollouts
+    # The rows verl trained on are exactly the samples the loop returned: tokens and loss mask, each once.
+    assert sorted((r["ids"], r["mask"]) for r in trained) == sorted((s["ids"], s["mask"]) for s in stored)
+    # One advantage per rollout (RLOO over rollouts, not rows), on every sampled token of each of its samples.
+    by_rollout: dict[tuple[int, str], set[float]] = {}
+    for row in trained:
+        rollout = row["key"].rpartition("_")[0]
+        by_rollout.setdefault((row["step"], rollout), set()).update(round(a, 6) for a in row["advantages"])
+    assert all(len(values) == 1 for values in by_rollout.values()), by_rollout
+    # varied_score gives the two rollouts of a prompt 0 and 1: leave-one-out advantages +1 and -1 per rollout
+    # (verl's own RLOO over rows would count each sample as a rollout: +-0.6 for three samples each).
+    assert {value for values in by_rollout.values() for value in values} == {1.0, -1.0}
