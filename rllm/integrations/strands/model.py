@@ -20,7 +20,13 @@ from rllm.engine.rollout.base import ContextLengthExceededError, EngineThrottled
 from rllm.integrations.strands._cancel import cancelled_output, unless_cancelled
 from rllm.integrations.strands._format import format_messages, format_tool_choice, format_tools, output_events
 from rllm.integrations.strands.hooks import MalformedCallGuard
-from rllm.integrations.strands.recording import TOKEN_SESSION_KEY, ModelCall, record_model_call, record_token_session
+from rllm.integrations.strands.recording import (
+    TOKEN_SESSION_KEY,
+    ModelCall,
+    record_model_call,
+    record_token_session,
+    rollout_model_state,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +104,9 @@ class RLLMModel(Model):
 
         With a token engine, the rollout's ``TokenSession`` lives in the agent's own model state
         (``model_state``), so it follows the agent, not the model, and ``reset()`` clears it; the
-        agent reads it as ``agent.token_session`` and its trace as ``agent.trajectory.token_trace``.
+        agent reads it as ``agent.token_session`` and its trace as ``agent.trajectory.token_trace``. A
+        call without model state inside an agent's run (Strands' ``SummarizingConversationManager``
+        summarizing with the agent's model) runs in that run's session, as a sample of its own.
 
         When ``cancel_signal`` (the agent's, from ``agent.cancel()`` or the invocation's) is set
         while the engine works, the request is aborted on the engine, the call is recorded with
@@ -112,6 +120,7 @@ class RLLMModel(Model):
         if choice is not None:
             sampling["tool_choice"] = choice
         session = None
+        model_state = rollout_model_state(model_state)  # a conversation manager's summary: the run's own state
         new_session = getattr(self.rollout_engine, "new_session", None)
         if new_session is not None and model_state is not None:
             session = model_state.get(TOKEN_SESSION_KEY) or model_state.setdefault(TOKEN_SESSION_KEY, new_session())

@@ -10,6 +10,12 @@ agent leaves a receiver in ``invocation_state`` before each model call and the m
 session to it as soon as the call has one, before the engine runs, so the agent holds it (and its
 trace) from the first call on, also when that call fails or is cancelled.
 
+A model call made outside the agent loop but inside an agent's run (Strands'
+``SummarizingConversationManager`` asks the agent's model for a summary with a bare ``model.stream``,
+no model state) belongs to that run all the same: the model state of the run's latest call is kept
+in a context variable, which such a call falls back to (``rollout_model_state``), so the summary is
+sampled in the rollout's token session, as a sample of its own.
+
 Tool calls the model could not parse travel the same way: the model leaves them in
 ``invocation_state`` for the ``MalformedCallGuard`` it registered on the agent, which refuses them
 and reports the refusal to the agent's receiver, if the agent left one.
@@ -18,6 +24,7 @@ and reports the refusal to the agent's receiver, if the agent left one.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +36,8 @@ TOKEN_SESSION_RECEIVER_KEY = "rllm.token_session_receiver"
 MALFORMED_CALLS_KEY = "rllm.malformed_calls"
 TOOL_ERROR_RECEIVER_KEY = "rllm.tool_error_receiver"
 
+_RUN_MODEL_STATE: ContextVar[dict[str, Any] | None] = ContextVar("rllm.run_model_state", default=None)
+
 
 @dataclass
 class ModelCall:
@@ -37,6 +46,14 @@ class ModelCall:
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]]
     output: ModelOutput
+
+
+def rollout_model_state(model_state: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The model state a call runs in: its own (remembered for the run), or for a bare call inside a run the run's."""
+    if model_state is not None:
+        _RUN_MODEL_STATE.set(model_state)
+        return model_state
+    return _RUN_MODEL_STATE.get()
 
 
 def record_model_call(invocation_state: dict[str, Any] | None, call: ModelCall) -> None:

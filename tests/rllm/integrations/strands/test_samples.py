@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from strands import tool
-from strands.agent.conversation_manager import SlidingWindowConversationManager
+from strands.agent.conversation_manager import SlidingWindowConversationManager, SummarizingConversationManager
 
 from rllm.integrations.strands import RLLMModel, StrandsAgent
 from rllm.integrations.strands.rollout import run_rollout
@@ -35,6 +35,8 @@ def lookups_then_answer(lookups: int, result_chars: int = 5):
     made: list[str] = []
 
     def script(prompt: str) -> str:
+        if "Please summarize this conversation." in prompt.rsplit("<|im_start|>user", 1)[-1]:
+            return "Summary: I looked keys up."
         if len(made) < lookups:
             made.append(f"k{len(made)}")
             return f'<tool_call>\n{{"name": "lookup", "arguments": {{"key": "{made[-1]}"}}}}\n</tool_call>'
@@ -115,6 +117,28 @@ async def test_an_overflow_that_strands_reduces_continues_in_a_new_sample(tokeni
     check_samples(engine, trajectories)
     assert all(len(t.token_trace) <= 700 for t in trajectories)
     assert sum(len(t.steps) for t in trajectories) == 6
+
+
+async def test_a_summary_that_strands_asks_the_model_for_is_a_sample_of_the_rollout(tokenizer) -> None:
+    # Strands' SummarizingConversationManager, on a context overflow, calls the agent's model without model
+    # state; the summary is still sampled in the rollout's session, so its tokens train with the rollout.
+    script, lookup = lookups_then_answer(5, result_chars=60)
+    engine = ScriptedTokenEngine(tokenizer, script, context_length=700)
+    agent = StrandsAgent(RLLMModel(engine), tools=[lookup], system_prompt=SYSTEM,
+                         conversation_manager=SummarizingConversationManager(summary_ratio=0.5,
+                                                                             preserve_recent_messages=2))
+
+    finished = await run_rollout(agent, "Find k0 to k4.")
+
+    assert finished.end.reason.value == "finished"
+    samples = agent.token_session.samples
+    summaries = [t for t in agent.trajectories if not t.steps]  # the summary call: a sample with no agent step
+    assert summaries and all("Summary: I looked keys up." in tokenizer.decode(
+        [i for i, m in zip(t.token_trace.token_ids, t.token_trace.loss_mask, strict=True) if m]) for t in summaries)
+    check_samples(engine, [t for t in agent.trajectories if t.steps])
+    # Every call the engine served, the summary included, is sampled in exactly one sample of the rollout.
+    assert sum(t.num_turns for t in samples) == len(engine.prompts) == 6 + len(summaries)
+    assert len(finished.samples) == len(samples)
 
 
 async def test_an_append_only_history_stays_one_sample(tokenizer) -> None:
