@@ -41,7 +41,8 @@ PYTHON_BLOCKS: dict[str, bool | str] = {
     "return_token_ids=True, temperature=1.0": True,
     "SGLangEngine(": "needs the hub (Qwen/Qwen3-4B's tokenizer) and an SGLang server; the same loop runs offline "
                      "in tests/rllm/tokens/test_renderer.py",
-    "AgentWorkflowEngine(StrandsWorkflow": True,
+    "AgentWorkflowEngine(StrandsWorkflow, search_workflow_args": True,
+    "AgentWorkflowEngine(StrandsWorkflow, {\"agent_factory\"": True,
     "ProxyProcess(config)": "needs the proxy's own venv (.cache/litellm-venv) and a vLLM backend for token ids; "
                             "tests/rllm/tracing/test_proxy.py runs the proxy against a scripted vLLM",
     "from rag.client import make_local_search_tool\nlocal_search": True,
