@@ -86,9 +86,9 @@ def test_every_lookup_recipe_key_is_a_verl_key_or_one_the_loop_reads() -> None:
         *(f"rllm.guards.{k}" for k in ("max_logprob_gap", "logprob_audit_rollouts", "min_rollouts_per_group",
                                        "max_truncated_share", "max_steps_without_signal", "warn_on_tool_collapse")),
         "rllm.max_infra_failure_share",
-        *(f"rllm.agent_loop.{k}" for k in ("tool_factory", "tool_kwargs.world_size", "tool_kwargs.seed",
-                                           "system_prompt", "budget", "timeout_s", "infra_exceptions",
-                                           "max_tokens_per_turn")),
+        *(f"rllm.agent_loop.{k}" for k in ("tool_factory", "agent_factory", "tool_kwargs.world_size",
+                                           "tool_kwargs.seed", "system_prompt", "budget", "timeout_s",
+                                           "infra_exceptions", "max_tokens_per_turn")),
     }
 
 
