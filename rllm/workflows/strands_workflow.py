@@ -16,10 +16,18 @@ from collections.abc import Callable
 from typing import Any
 
 from strands import Agent
+from strands.multiagent.base import MultiAgentBase
 
 from rllm.engine.rollout.base import RolloutEngine
 from rllm.integrations.strands import Budget, RLLMModel, RolloutRecorder, record
-from rllm.integrations.strands.rollout import build_agent, run_rollout, trajectory_metrics
+from rllm.integrations.strands.rollout import (
+    FinishedRollout,
+    build_agent,
+    record_team,
+    run_rollout,
+    run_team_rollout,
+    trajectory_metrics,
+)
 from rllm.rewards.base import RewardOutput
 from rllm.types import Episode, TerminationReason
 from rllm.workflows.base import Workflow
@@ -28,8 +36,8 @@ logger = logging.getLogger(__name__)
 
 TaskToPrompt = Callable[[dict[str, Any]], Any]
 Tools = list[Any] | Callable[[], list[Any]]
-AgentFactory = Callable[[RLLMModel, dict[str, Any]], Agent]
-"""``agent_factory(model, task)``: the Strands ``Agent`` that runs ``task``, built on ``model``."""
+AgentFactory = Callable[[RLLMModel, dict[str, Any]], "Agent | MultiAgentBase"]
+"""``agent_factory(model, task)``: the ``Agent`` (or ``Swarm``/``Graph`` of agents) running ``task``, on ``model``."""
 
 
 def default_task_to_prompt(task: dict[str, Any]) -> str:
@@ -51,7 +59,8 @@ class StrandsWorkflow(Workflow):
         reward_fn: ``reward_fn(task, final_answer_text) -> RewardOutput`` (may be async); ``None``
             leaves episodes unscored.
         agent_factory: ``agent_factory(model, task)`` returning any Strands ``Agent`` built on
-            ``model`` (the workflow's ``RLLMModel``), called for every task; instead of ``tools``.
+            ``model`` (the workflow's ``RLLMModel``), or a ``Swarm`` or ``Graph`` of such agents (one
+            episode, one trajectory per node and sample), called for every task; instead of ``tools``.
         budget: Per-episode limits on model turns and tool calls (for a factory's agent too).
         task_to_prompt: Builds the user message from a task; default: its ``question``.
         model_kwargs: ``RLLMModel`` config (``params`` for sampling, ``model_id``, ...).
@@ -84,6 +93,8 @@ class StrandsWorkflow(Workflow):
         self.budget = budget
         self.agent: Agent | None = None
         self.recorder: RolloutRecorder | None = None
+        self.team: MultiAgentBase | None = None
+        self.recorders: dict[str, RolloutRecorder] = {}
         if tools is not None:
             agent = build_agent(
                 self.model,
@@ -102,20 +113,26 @@ class StrandsWorkflow(Workflow):
         if self.agent_factory is None:
             self.agent.reset()  # type: ignore[union-attr]  # the StrandsAgent built from tools
         else:
-            self.agent = self.recorder = None
+            self.agent, self.recorder, self.team, self.recorders = None, None, None, {}
 
-    def _agent_for(self, task: dict[str, Any]) -> tuple[Agent, RolloutRecorder]:
+    async def _run_rollout(self, task: dict[str, Any]) -> FinishedRollout:
+        """Build the task's agent or team (the factory's, or the one from tools) and run it."""
+        prompt = self.task_to_prompt(task)
         if self.agent_factory is None:
             assert self.agent is not None and self.recorder is not None
-            return self.agent, self.recorder
-        previous, self.agent, self.recorder = self.agent, None, None
-        agent = self.agent_factory(self.model, task)
-        if not isinstance(agent, Agent):
-            raise TypeError(f"agent_factory returned a {type(agent).__name__}, not a Strands Agent")
-        if agent is previous:
+            return await run_rollout(self.agent, prompt, recorder=self.recorder)
+        previous = self.agent or self.team
+        self.agent, self.recorder, self.team, self.recorders = None, None, None, {}
+        built = self.agent_factory(self.model, task)
+        if built is not None and built is previous:
             raise ValueError("agent_factory returned the previous task's agent; build a new agent for every task")
-        self.agent, self.recorder = agent, record(agent, budget=self.budget)
-        return self.agent, self.recorder
+        if isinstance(built, MultiAgentBase):
+            self.team, self.recorders = built, record_team(built, budget=self.budget)
+            return await run_team_rollout(built, prompt, recorders=self.recorders)
+        if not isinstance(built, Agent):
+            raise TypeError(f"agent_factory returned a {type(built).__name__}, not a Strands Agent, Swarm or Graph")
+        self.agent, self.recorder = built, record(built, budget=self.budget)
+        return await run_rollout(built, prompt, recorder=self.recorder)
 
     async def run(self, task: dict[str, Any], uid: str) -> Episode:
         """Run the agent on ``task`` (``run_rollout``); a run that did not finish cleanly ends unscored with its reason.
@@ -125,8 +142,7 @@ class StrandsWorkflow(Workflow):
         a generation the server aborted, ``ENGINE_ERROR``) or a cancelled run (``CANCELLED``) is
         never scored, with the failure in ``info["error"]``.
         """
-        agent, recorder = self._agent_for(task)
-        finished = await run_rollout(agent, self.task_to_prompt(task), recorder=recorder)
+        finished = await self._run_rollout(task)
         end = finished.end
         if finished.error is not None or not end.scored:
             logger.debug("episode %s ended by %s: %s", uid, end.reason.value, end.failure)
@@ -161,7 +177,8 @@ class StrandsWorkflow(Workflow):
     ) -> Episode:
         """An unscored episode carrying the steps the agent recorded before it stopped."""
         episode = super().failed_episode(task, uid, reason, error)
-        trajectories = list(self.recorder.trajectories) if self.recorder is not None else []
+        recorders = list(self.recorders.values()) if self.team is not None else [self.recorder]
+        trajectories = [t for r in recorders if r is not None for t in r.trajectories]
         episode.trajectories = trajectories
         episode.metrics.update(trajectory_metrics(trajectories))
         episode.info["final_answer"] = ""

@@ -61,6 +61,7 @@ class _StepRecorder(HookProvider):
         self.name = name
         self.trajectories = [Trajectory(name=name)]
         self.token_session: Any = None
+        self.sessions: list[Any] = []
         self.last_error: BaseException | None = None
         self._call_cancelled = False
 
@@ -72,6 +73,7 @@ class _StepRecorder(HookProvider):
     def reset(self) -> None:
         self.trajectories = [Trajectory(name=self.name)]
         self.token_session = None
+        self.sessions = []
         self.last_error = None
 
     def register_hooks(self, registry: HookRegistry, **kwargs: Any) -> None:
@@ -86,15 +88,21 @@ class _StepRecorder(HookProvider):
         receive_tool_errors(event.invocation_state, self.record_tool_error)
 
     def _receive_token_session(self, session: Any) -> None:
-        """The rollout's token state, handed over by the model before its engine runs."""
+        """The rollout's token state, handed over by the model before its engine runs.
+
+        A second session in one episode (a ``Swarm`` or ``Graph`` resetting a node's model state
+        before it runs again) continues after the samples of the first.
+        """
+        if session is not self.token_session:
+            self.sessions.append(session)
         self.token_session = session
         self._follow_samples()
 
     def _follow_samples(self) -> None:
-        """One trajectory per sample of the token session, each holding its sample's trace."""
-        samples = getattr(self.token_session, "samples", None)
-        if samples is None:
+        """One trajectory per sample of the episode's token sessions, each holding its sample's trace."""
+        if getattr(self.token_session, "samples", None) is None:
             return
+        samples = [sample for session in self.sessions for sample in session.samples]
         while len(self.trajectories) > len(samples) and not self.trajectories[-1].steps:
             self.trajectories.pop()  # a sample its call took back (cancelled, aborted, overflowing)
         for index, trace in enumerate(samples):
@@ -187,6 +195,11 @@ class RolloutRecorder:
     def token_session(self) -> Any:
         """The rollout's ``TokenSession`` when a token engine runs the agent (``None`` otherwise or before a call)."""
         return self.steps.token_session
+
+    @property
+    def token_sessions(self) -> list[Any]:
+        """Every token session of the episode, in order: one, unless a team reset the agent's model state."""
+        return list(self.steps.sessions)
 
     def termination_reason(self, stop_reason: str | None) -> TerminationReason | None:
         """Why the run ended, given its last stop reason (``AgentResult.stop_reason``); ``None`` before any call."""

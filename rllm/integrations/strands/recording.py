@@ -16,6 +16,13 @@ no model state) belongs to that run all the same: the model state of the run's l
 in a context variable, which such a call falls back to (``rollout_model_state``), so the summary is
 sampled in the rollout's token session, as a sample of its own.
 
+Every node of a Strands ``Swarm`` or ``Graph`` gets the same ``invocation_state`` dict, and a Graph runs
+nodes concurrently. The hand-overs stay apart because each is written and read without the event
+loop running anything in between: the receiver is set by the agent's ``BeforeModelCallEvent`` hook
+and read by the model before its first await; the ``ModelCall`` is written after the engine's answer
+and taken by the ``AfterModelCallEvent`` hook before Strands next awaits
+(``tests/rllm/integrations/strands/test_teams.py`` finishes two nodes' generations together).
+
 Tool calls the model could not parse travel the same way: the model leaves them in
 ``invocation_state`` for the ``MalformedCallGuard`` it registered on the agent, which refuses them
 and reports the refusal to the agent's receiver, if the agent left one.

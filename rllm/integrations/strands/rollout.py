@@ -20,6 +20,7 @@ from typing import Any
 
 from strands import Agent
 from strands.models.model import Model
+from strands.multiagent.base import MultiAgentBase
 
 from rllm.engine.rollout.base import RolloutEngine
 from rllm.errors import RolloutWithoutTokensError
@@ -218,8 +219,13 @@ async def run_rollout(
     except Exception as caught:  # noqa: BLE001 - classified here; the consumer decides what to raise
         error = caught
     latency = time.perf_counter() - started
-    end = read_rollout(recorder, error, stop_reason)
-    trajectories = list(recorder.trajectories)
+    return _finished(read_rollout(recorder, error, stop_reason), error, list(recorder.trajectories), latency,
+                     response_length)
+
+
+def _finished(end: RolloutEnd, error: BaseException | None, trajectories: list[Trajectory], latency: float,
+              response_length: int | None) -> FinishedRollout:
+    """The ``FinishedRollout`` of recorded trajectories: metrics, and the verl fields of every sample."""
     metrics = {**trajectory_metrics(trajectories), "latency_s": latency}
     traces = [t.token_trace for t in trajectories if t.token_trace is not None]
     sampled = [trace for trace in traces if trace.num_turns] or traces[:1]
@@ -236,3 +242,91 @@ async def run_rollout(
         num_model_calls=sum(trace.num_turns for trace in sampled),
         metrics=metrics,
     )
+
+
+def record_team(team: MultiAgentBase, *, budget: Budget | None = None,
+                infra_exceptions: tuple[type[BaseException], ...] = ()) -> dict[str, RolloutRecorder]:
+    """A recorder on every node of a Strands ``Swarm`` or ``Graph``, its trajectories named by the node id.
+
+    A node that is a ``StrandsAgent`` keeps its own recorder; any other ``Agent`` gets one with
+    ``budget`` and ``infra_exceptions`` (per node). Nested teams and other executors are refused.
+    """
+    nodes = getattr(team, "nodes", None)
+    if not isinstance(nodes, dict) or not nodes:
+        raise TypeError(f"{type(team).__name__} has no nodes to record: a Strands Swarm or Graph is expected")
+    recorders: dict[str, RolloutRecorder] = {}
+    for node_id, node in nodes.items():
+        agent = node.executor
+        if not isinstance(agent, Agent):
+            raise TypeError(f"node {node_id!r} runs a {type(agent).__name__}; only Strands Agent nodes are recorded")
+        own = getattr(agent, "recorder", None)
+        if isinstance(own, RolloutRecorder):
+            recorders[node_id] = own
+            continue
+        recorders[node_id] = RolloutRecorder(str(node_id), budget=budget, infra_exceptions=infra_exceptions)
+        recorders[node_id].attach(agent)
+    return recorders
+
+
+def _runs(result: Any) -> list[str]:
+    """The nodes' runs, in order (Swarm's ``node_history``, Graph's ``execution_order``); a node may run twice."""
+    history = getattr(result, "node_history", None) or getattr(result, "execution_order", None) or []
+    return [node.node_id for node in history]
+
+
+def _node_order(result: Any, recorders: dict[str, RolloutRecorder]) -> list[str]:
+    """The nodes in the order they first ran, then any other node that recorded a step."""
+    order = list(dict.fromkeys(_runs(result)))
+    return order + [n for n in recorders if n not in order and any(t.steps for t in recorders[n].trajectories)]
+
+
+def read_team(result: Any, recorders: dict[str, RolloutRecorder], error: BaseException | None) -> RolloutEnd:
+    """How a team's run ended: a node's typed failure first, else the end of the last node run (the team's answer)."""
+    if error is not None:
+        return RolloutEnd(reason=termination_reason_for(error), failure=describe_failure(error), final_answer="")
+    order = _node_order(result, recorders)
+    for node_id in order:  # infrastructure or a configuration error in any node ends the team's episode
+        failures = recorders[node_id].tool_failures
+        if failures.reason is not None or failures.fatal is not None:
+            return read_rollout(recorders[node_id])
+    failed = [r for r in (getattr(result, "results", None) or {}).values() if isinstance(r.result, Exception)]
+    if failed:
+        first = failed[0].result
+        return RolloutEnd(reason=termination_reason_for(first), failure=describe_failure(first), final_answer="")
+    runs = _runs(result) or order
+    if not runs:
+        return RolloutEnd(reason=TerminationReason.ERROR, failure="no node of the team ran", final_answer="")
+    last = runs[-1]
+    node_result = (getattr(result, "results", None) or {}).get(last)
+    stop_reason = getattr(getattr(node_result, "result", None), "stop_reason", None)
+    return read_rollout(recorders[last], None, stop_reason)
+
+
+async def run_team_rollout(
+    team: MultiAgentBase, prompt: Any, *, recorders: dict[str, RolloutRecorder], timeout_s: float | None = None,
+    response_length: int | None = None,
+) -> FinishedRollout:
+    """Run a Strands ``Swarm`` or ``Graph`` on ``prompt`` as one episode, read as ``run_rollout`` reads an agent.
+
+    ``recorders`` come from ``record_team``. The trajectories are every node's (named by node id, one
+    per sample), in the order the nodes first ran; the end is a node's typed failure if one had any,
+    else the last node's, whose final answer is the team's; a tool's ``ConfigurationError`` is raised.
+    """
+    error: BaseException | None = None
+    result: Any = None
+    started = time.perf_counter()
+    try:
+        run = team.invoke_async(prompt)
+        result = await (run if timeout_s is None else asyncio.wait_for(run, timeout=timeout_s))
+        fatal = next((r.tool_failures.fatal for r in recorders.values() if r.tool_failures.fatal is not None), None)
+        if fatal is not None:
+            raise fatal
+    except Exception as caught:  # noqa: BLE001 - classified here; the consumer decides what to raise
+        error = caught
+    latency = time.perf_counter() - started
+    end = read_team(result, recorders, error)
+    order = _node_order(result, recorders) if result is not None else list(recorders)
+    trajectories = [t for node_id in order for t in recorders[node_id].trajectories if t.steps or t.token_trace]
+    finished = _finished(end, error, trajectories, latency, response_length)
+    finished.metrics["nodes"] = float(len({t.name for t in trajectories}))
+    return finished

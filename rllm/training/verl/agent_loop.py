@@ -47,12 +47,19 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from strands import Agent
+from strands.multiagent.base import MultiAgentBase
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
 
 from rllm.engine.rollout.verl_engine import VerlEngine, VerlSession
 from rllm.errors import ConfigurationError
 from rllm.integrations.strands import Budget, RLLMModel, RolloutRecorder, describe_failure, record
-from rllm.integrations.strands.rollout import FinishedRollout, build_agent, run_rollout
+from rllm.integrations.strands.rollout import (
+    FinishedRollout,
+    build_agent,
+    record_team,
+    run_rollout,
+    run_team_rollout,
+)
 from rllm.parser import get_tool_parser
 from rllm.tokens.renderer import content_text
 from rllm.training.verl._dotted import import_object
@@ -348,41 +355,53 @@ class StrandsAgentLoop(AgentLoopBase):
         system, conversation = split_prompt(kwargs["raw_prompt"])
         params = {} if self.settings.max_tokens_per_turn is None else {"max_tokens": self.settings.max_tokens_per_turn}
         model = RLLMModel(self.build_engine(sampling_params), params=params)
-        agent, recorder = self._agent(model, system, kwargs)
+        built, recorders = self._agent(model, system, kwargs)
         prompt: Any = conversation
         if len(conversation) == 1 and conversation[0]["role"] == "user":
             prompt = conversation[0]["content"][0]["text"]
-        finished = await run_rollout(agent, prompt, recorder=recorder, timeout_s=self.settings.timeout_s,
-                                     response_length=self.response_length)
+        if isinstance(built, MultiAgentBase):
+            finished = await run_team_rollout(built, prompt, recorders=recorders, timeout_s=self.settings.timeout_s,
+                                              response_length=self.response_length)
+        else:
+            finished = await run_rollout(built, prompt, recorder=next(iter(recorders.values())),
+                                         timeout_s=self.settings.timeout_s, response_length=self.response_length)
         finished.raise_if_unexpected()
-        return self._outputs(agent, recorder, finished, kwargs)
+        return self._outputs(_agents(built), list(recorders.values()), finished, kwargs)
 
-    def _agent(self, model: RLLMModel, system: str | None, row: dict[str, Any]) -> tuple[Agent, RolloutRecorder]:
-        """The rollout's agent and its recorder: built from ``tool_factory``, or the user's ``agent_factory``."""
+    def _agent(self, model: RLLMModel, system: str | None,
+               row: dict[str, Any]) -> tuple[Agent | MultiAgentBase, dict[str, RolloutRecorder]]:
+        """The rollout's agent (or team) and its recorders: from ``tool_factory``, or the user's ``agent_factory``."""
         settings = self.settings
         if settings.agent_factory is None:
             assert settings.tool_factory is not None
-            built = build_agent(model, tools=build_tools(settings.tool_factory, settings.tool_kwargs),
+            agent = build_agent(model, tools=build_tools(settings.tool_factory, settings.tool_kwargs),
                                 system_prompt=self._system_prompt(system), budget=settings.budget, name=self.name,
                                 infra_exceptions=settings.infra_exceptions)
-            return built, built.recorder
+            return agent, {self.name: agent.recorder}
         receive_secrets()
-        agent = import_object(settings.agent_factory)(model, {key: _plain(value) for key, value in row.items()})
-        if not isinstance(agent, Agent):
-            raise ConfigurationError(f"{SETTINGS_KEY}.agent_factory={settings.agent_factory} returned a "
-                                     f"{type(agent).__name__}, not a Strands Agent")
-        if agent.model is not model:
-            raise ConfigurationError(f"{SETTINGS_KEY}.agent_factory={settings.agent_factory} built its agent on "
-                                     f"another model ({type(agent.model).__name__}); build it on the model it is "
-                                     "given, whose token engine records what training needs")
-        return agent, record(agent, budget=settings.budget, infra_exceptions=settings.infra_exceptions)
+        factory = settings.agent_factory
+        built = import_object(factory)(model, {key: _plain(value) for key, value in row.items()})
+        if not isinstance(built, Agent | MultiAgentBase):
+            raise ConfigurationError(f"{SETTINGS_KEY}.agent_factory={factory} returned a {type(built).__name__}, "
+                                     "not a Strands Agent, Swarm or Graph")
+        if isinstance(built, MultiAgentBase):
+            recorders = record_team(built, budget=settings.budget, infra_exceptions=settings.infra_exceptions)
+        else:
+            recorders = {self.name: record(built, budget=settings.budget,
+                                           infra_exceptions=settings.infra_exceptions)}
+        for node_agent in _agents(built):
+            if node_agent.model is not model:
+                raise ConfigurationError(f"{SETTINGS_KEY}.agent_factory={factory} built agent {node_agent.name!r} on "
+                                         f"another model ({type(node_agent.model).__name__}); build it on the model it "
+                                         "is given, whose token engine records what training needs")
+        return built, recorders
 
-    def _outputs(self, agent: Agent, recorder: RolloutRecorder, finished: FinishedRollout,
+    def _outputs(self, agents: list[Agent], recorders: list[RolloutRecorder], finished: FinishedRollout,
                  row: dict[str, Any]) -> list[AgentLoopOutput]:
         """One ``AgentLoopOutput`` per sample of a finished rollout, masked when not ``scored`` (infra, cancelled).
 
         Every sample carries the rollout's ``extra_fields`` (the last one is scored) plus its
-        ``sample_index`` and the rollout's ``num_samples``.
+        ``sample_index``, the node (``agent``) whose sample it is, and the rollout's ``num_samples``.
         """
         end = finished.end
         infra_error = end.failure if end.infra_failure else ""
@@ -398,22 +417,31 @@ class StrandsAgentLoop(AgentLoopBase):
             "response_truncated": finished.truncated,
             "num_samples": len(samples),
         }
-        session = recorder.token_session
-        stats = session if isinstance(session, VerlSession) else VerlSession()
-        low = stats.min_global_steps if stats.min_global_steps is not None else row.get("global_steps")
-        high = stats.max_global_steps if stats.max_global_steps is not None else low
+        sessions = [s for r in recorders for s in r.token_sessions if isinstance(s, VerlSession)]
+        lows = [s.min_global_steps for s in sessions if s.min_global_steps is not None]
+        highs = [s.max_global_steps for s in sessions if s.max_global_steps is not None]
+        low = min(lows) if lows else row.get("global_steps")
+        high = max(highs) if highs else low
         if low is not None:
             extra.update(min_global_steps=int(low), max_global_steps=int(high if high is not None else low))
-        tool_seconds = sum(m.total_time for m in agent.event_loop_metrics.tool_metrics.values())
+        tool_seconds = sum(m.total_time for a in agents for m in a.event_loop_metrics.tool_metrics.values())
+        metrics = AgentLoopMetrics(generate_sequences=sum(s.generate_seconds for s in sessions),
+                                   tool_calls=tool_seconds,
+                                   num_preempted=max((s.num_preempted for s in sessions), default=-1))
+        names = [t.name for t in finished.trajectories if t.token_trace is not None and t.token_trace.num_turns]
         outputs = []
         for index, sample in enumerate(samples):
             fields = dict(sample)
             if not end.scored:
                 fields["response_mask"] = [0] * len(fields["response_ids"])
-            outputs.append(AgentLoopOutput(
-                **fields,
-                metrics=AgentLoopMetrics(generate_sequences=stats.generate_seconds, tool_calls=tool_seconds,
-                                         num_preempted=stats.num_preempted),
-                extra_fields={**extra, "sample_index": index},
-            ))
+            node = {"agent": names[index]} if len(names) == len(samples) else {}
+            outputs.append(AgentLoopOutput(**fields, metrics=metrics,
+                                           extra_fields={**extra, "sample_index": index, **node}))
         return outputs
+
+
+def _agents(built: Agent | MultiAgentBase) -> list[Agent]:
+    """The agent, or every agent node of a team."""
+    if isinstance(built, Agent):
+        return [built]
+    return [node.executor for node in getattr(built, "nodes", {}).values() if isinstance(node.executor, Agent)]

@@ -474,6 +474,40 @@ async def test_a_users_agent_whose_history_is_rewritten_is_stored_by_verl_as_one
     assert [sum(scores.tolist()) for scores in put["fields"]["rm_scores"]] == [1.0] * len(outputs)
 
 
+async def test_a_swarm_from_the_factory_is_one_rollout_whose_node_samples_verl_stores_as_rows(tokenizer,
+                                                                                             monkeypatch) -> None:
+    import verl.trainer.ppo.v1.agent_loop_tq as agent_loop_tq
+
+    from fixtures.verl_loop import team_script
+
+    stored: list[dict[str, Any]] = []
+
+    async def kv_batch_put(keys, fields, tags, partition_id):
+        stored.append({"keys": keys, "fields": fields})
+
+    monkeypatch.setattr(agent_loop_tq.tq, "async_kv_batch_put", kv_batch_put)
+    server = FakeServerManager(tokenizer, team_script)
+    loop, config = build_loop(tokenizer, server, tool_factory=None, agent_factory="fixtures.verl_loop:research_team")
+    LOOKUPS.clear()
+
+    outputs = await loop.run(dict(SAMPLING), **row())
+
+    assert LOOKUPS == ["France"] and len(server.calls) == 4  # lookup, handoff, "handed off", the answer
+    assert [o.extra_fields["agent"] for o in outputs] == ["researcher", "writer"]
+    assert outputs[-1].extra_fields["final_answer"] == "It is \\boxed{Paris}."
+    assert [t for o in outputs for t, m in zip(o.response_ids, o.response_mask, strict=True) if m] == [
+        t for c in server.calls for t in c["token_ids"]]
+
+    worker_cls = agent_loop_tq.AgentLoopWorkerTQ.__ray_actor_class__
+    worker = worker_cls.__new__(worker_cls)
+    worker.processor, worker.mm_processor_kwargs, worker.distillation_enabled = None, {}, False
+    worker.reward_loop_worker_handles = [RewardHandle(load_reward_manager(config, tokenizer))]
+    await worker._agent_loop_postprocess(outputs, False, **row())
+    (put,) = stored
+    assert put["keys"] == ["u-0_0_0", "u-0_0_1"]  # one rollout: the team's episode, a row per node sample
+    assert [sum(scores.tolist()) for scores in put["fields"]["rm_scores"]] == [1.0, 1.0]  # one reward, on both
+
+
 async def test_an_agent_factory_that_builds_on_another_model_is_refused(tokenizer) -> None:
     server = FakeServerManager(tokenizer, turns_script("\\boxed{Paris}"))
     loop, _ = build_loop(tokenizer, server, tool_factory=None, agent_factory="fixtures.verl_loop:agent_on_its_own_model")
