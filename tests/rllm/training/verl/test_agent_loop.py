@@ -126,8 +126,8 @@ async def test_reward_goes_through_verls_reward_path_and_reads_only_the_final_an
     assert info["correct"] == 1.0 and info["boxed"] == 1.0 and info["tool_calls"] == 1.0
 
 
-async def test_verls_v1_worker_stores_the_trajectory_and_nothing_for_an_excluded_rollout(tokenizer,
-                                                                                         monkeypatch) -> None:
+def verls_v1_worker(config: Any, tokenizer: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, list[dict[str, Any]]]:
+    """verl's v1 agent-loop worker, only its storing and scoring path, and what it puts into TransferQueue."""
     import verl.trainer.ppo.v1.agent_loop_tq as agent_loop_tq
 
     stored: list[dict[str, Any]] = []
@@ -137,11 +137,17 @@ async def test_verls_v1_worker_stores_the_trajectory_and_nothing_for_an_excluded
 
     monkeypatch.setattr(agent_loop_tq.tq, "async_kv_batch_put", kv_batch_put)
     worker_cls = agent_loop_tq.AgentLoopWorkerTQ.__ray_actor_class__  # the class behind verl's Ray actor
-    server = FakeServerManager(tokenizer, turns_script(lookup_call("France"), "\\boxed{Paris}"))
-    loop, config = build_loop(tokenizer, server)
     worker = worker_cls.__new__(worker_cls)
     worker.processor, worker.mm_processor_kwargs, worker.distillation_enabled = None, {}, False
     worker.reward_loop_worker_handles = [RewardHandle(load_reward_manager(config, tokenizer))]
+    return worker, stored
+
+
+async def test_verls_v1_worker_stores_the_trajectory_and_nothing_for_an_excluded_rollout(tokenizer,
+                                                                                         monkeypatch) -> None:
+    server = FakeServerManager(tokenizer, turns_script(lookup_call("France"), "\\boxed{Paris}"))
+    loop, config = build_loop(tokenizer, server)
+    worker, stored = verls_v1_worker(config, tokenizer, monkeypatch)
 
     (output,) = await loop.run(dict(SAMPLING), **row())
     await worker._agent_loop_postprocess(output, False, **row())
@@ -427,14 +433,6 @@ async def test_real_search_tool_with_the_retrieval_server_down_is_excluded(token
 async def test_a_users_agent_whose_history_is_rewritten_is_stored_by_verl_as_one_row_per_sample(tokenizer,
                                                                                                monkeypatch) -> None:
     # The recipe names a factory that returns a plain strands.Agent under Strands' per-turn sliding window.
-    import verl.trainer.ppo.v1.agent_loop_tq as agent_loop_tq
-
-    stored: list[dict[str, Any]] = []
-
-    async def kv_batch_put(keys, fields, tags, partition_id):
-        stored.append({"keys": keys, "fields": fields})
-
-    monkeypatch.setattr(agent_loop_tq.tq, "async_kv_batch_put", kv_batch_put)
     replies = [lookup_call(key) for key in ("France", "Paris", "France", "Paris")] + ["It is \\boxed{Paris}."]
     calls: list[int] = []
 
@@ -462,10 +460,7 @@ async def test_a_users_agent_whose_history_is_rewritten_is_stored_by_verl_as_one
     firsts = [c["prompt_ids"] for c in server.calls]
     assert all(o.prompt_ids in firsts for o in outputs)
 
-    worker_cls = agent_loop_tq.AgentLoopWorkerTQ.__ray_actor_class__
-    worker = worker_cls.__new__(worker_cls)
-    worker.processor, worker.mm_processor_kwargs, worker.distillation_enabled = None, {}, False
-    worker.reward_loop_worker_handles = [RewardHandle(load_reward_manager(config, tokenizer))]
+    worker, stored = verls_v1_worker(config, tokenizer, monkeypatch)
     await worker._agent_loop_postprocess(outputs, False, **row())
 
     (put,) = stored
@@ -476,16 +471,8 @@ async def test_a_users_agent_whose_history_is_rewritten_is_stored_by_verl_as_one
 
 async def test_a_swarm_from_the_factory_is_one_rollout_whose_node_samples_verl_stores_as_rows(tokenizer,
                                                                                              monkeypatch) -> None:
-    import verl.trainer.ppo.v1.agent_loop_tq as agent_loop_tq
-
     from fixtures.verl_loop import team_script
 
-    stored: list[dict[str, Any]] = []
-
-    async def kv_batch_put(keys, fields, tags, partition_id):
-        stored.append({"keys": keys, "fields": fields})
-
-    monkeypatch.setattr(agent_loop_tq.tq, "async_kv_batch_put", kv_batch_put)
     server = FakeServerManager(tokenizer, team_script)
     loop, config = build_loop(tokenizer, server, tool_factory=None, agent_factory="fixtures.verl_loop:research_team")
     LOOKUPS.clear()
@@ -498,10 +485,7 @@ async def test_a_swarm_from_the_factory_is_one_rollout_whose_node_samples_verl_s
     assert [t for o in outputs for t, m in zip(o.response_ids, o.response_mask, strict=True) if m] == [
         t for c in server.calls for t in c["token_ids"]]
 
-    worker_cls = agent_loop_tq.AgentLoopWorkerTQ.__ray_actor_class__
-    worker = worker_cls.__new__(worker_cls)
-    worker.processor, worker.mm_processor_kwargs, worker.distillation_enabled = None, {}, False
-    worker.reward_loop_worker_handles = [RewardHandle(load_reward_manager(config, tokenizer))]
+    worker, stored = verls_v1_worker(config, tokenizer, monkeypatch)
     await worker._agent_loop_postprocess(outputs, False, **row())
     (put,) = stored
     assert put["keys"] == ["u-0_0_0", "u-0_0_1"]  # one rollout: the team's episode, a row per node sample
@@ -510,7 +494,8 @@ async def test_a_swarm_from_the_factory_is_one_rollout_whose_node_samples_verl_s
 
 async def test_an_agent_factory_that_builds_on_another_model_is_refused(tokenizer) -> None:
     server = FakeServerManager(tokenizer, turns_script("\\boxed{Paris}"))
-    loop, _ = build_loop(tokenizer, server, tool_factory=None, agent_factory="fixtures.verl_loop:agent_on_its_own_model")
+    loop, _ = build_loop(tokenizer, server, tool_factory=None,
+                         agent_factory="fixtures.verl_loop:agent_on_its_own_model")
     with pytest.raises(ConfigurationError, match="build it on the model it is given"):
         await loop.run(dict(SAMPLING), **row())
     assert server.calls == []
