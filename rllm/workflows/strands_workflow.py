@@ -16,16 +16,16 @@ from collections.abc import Callable
 from typing import Any
 
 from strands import Agent
-from strands.multiagent.base import MultiAgentBase
 
 from rllm.engine.rollout.base import RolloutEngine
-from rllm.integrations.strands import Budget, RLLMModel, RolloutRecorder, record
+from rllm.integrations.strands import Budget, RLLMModel, RolloutRecorder
 from rllm.integrations.strands.rollout import (
+    AgentFactory,
+    Built,
     FinishedRollout,
     build_agent,
-    record_team,
-    run_rollout,
-    run_team_rollout,
+    record_built,
+    run_built,
     trajectory_metrics,
 )
 from rllm.rewards.base import RewardOutput
@@ -36,8 +36,6 @@ logger = logging.getLogger(__name__)
 
 TaskToPrompt = Callable[[dict[str, Any]], Any]
 Tools = list[Any] | Callable[[], list[Any]]
-AgentFactory = Callable[[RLLMModel, dict[str, Any]], "Agent | MultiAgentBase"]
-"""``agent_factory(model, task)``: the ``Agent`` (or ``Swarm``/``Graph`` of agents) running ``task``, on ``model``."""
 
 
 def default_task_to_prompt(task: dict[str, Any]) -> str:
@@ -91,9 +89,8 @@ class StrandsWorkflow(Workflow):
         self.model = RLLMModel(rollout_engine, **(model_kwargs or {}))
         self.agent_factory = agent_factory
         self.budget = budget
-        self.agent: Agent | None = None
-        self.recorder: RolloutRecorder | None = None
-        self.team: MultiAgentBase | None = None
+        self.agent: Agent | None = None  # the StrandsAgent built from tools (kept and reset between tasks)
+        self.built: Built | None = None
         self.recorders: dict[str, RolloutRecorder] = {}
         if tools is not None:
             agent = build_agent(
@@ -103,7 +100,8 @@ class StrandsWorkflow(Workflow):
                 budget=budget,
                 **(agent_kwargs or {}),
             )
-            self.agent, self.recorder = agent, agent.recorder
+            self.agent = self.built = agent
+            self.recorders = {agent.name: agent.recorder}
 
     def reset(self) -> None:
         """Restore the agent to its freshly built state (messages, trajectory, counters, token session).
@@ -113,26 +111,21 @@ class StrandsWorkflow(Workflow):
         if self.agent_factory is None:
             self.agent.reset()  # type: ignore[union-attr]  # the StrandsAgent built from tools
         else:
-            self.agent, self.recorder, self.team, self.recorders = None, None, None, {}
+            self.built, self.recorders = None, {}
 
     async def _run_rollout(self, task: dict[str, Any]) -> FinishedRollout:
         """Build the task's agent or team (the factory's, or the one from tools) and run it."""
         prompt = self.task_to_prompt(task)
         if self.agent_factory is None:
-            assert self.agent is not None and self.recorder is not None
-            return await run_rollout(self.agent, prompt, recorder=self.recorder)
-        previous = self.agent or self.team
-        self.agent, self.recorder, self.team, self.recorders = None, None, None, {}
+            assert self.built is not None
+            return await run_built(self.built, prompt, self.recorders)
+        previous, self.built, self.recorders = self.built, None, {}
         built = self.agent_factory(self.model, task)
         if built is not None and built is previous:
             raise ValueError("agent_factory returned the previous task's agent; build a new agent for every task")
-        if isinstance(built, MultiAgentBase):
-            self.team, self.recorders = built, record_team(built, budget=self.budget)
-            return await run_team_rollout(built, prompt, recorders=self.recorders)
-        if not isinstance(built, Agent):
-            raise TypeError(f"agent_factory returned a {type(built).__name__}, not a Strands Agent, Swarm or Graph")
-        self.agent, self.recorder = built, record(built, budget=self.budget)
-        return await run_rollout(built, prompt, recorder=self.recorder)
+        self.recorders = record_built(built, budget=self.budget)
+        self.built = built
+        return await run_built(built, prompt, self.recorders)
 
     async def run(self, task: dict[str, Any], uid: str) -> Episode:
         """Run the agent on ``task`` (``run_rollout``); a run that did not finish cleanly ends unscored with its reason.
@@ -177,8 +170,7 @@ class StrandsWorkflow(Workflow):
     ) -> Episode:
         """An unscored episode carrying the steps the agent recorded before it stopped."""
         episode = super().failed_episode(task, uid, reason, error)
-        recorders = list(self.recorders.values()) if self.team is not None else [self.recorder]
-        trajectories = [t for r in recorders if r is not None for t in r.trajectories]
+        trajectories = [t for recorder in self.recorders.values() for t in recorder.trajectories]
         episode.trajectories = trajectories
         episode.metrics.update(trajectory_metrics(trajectories))
         episode.info["final_answer"] = ""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +28,7 @@ from rllm.errors import RolloutWithoutTokensError
 from rllm.integrations.strands.agent import StrandsAgent
 from rllm.integrations.strands.hooks import Budget
 from rllm.integrations.strands.model import RLLMModel
-from rllm.integrations.strands.recorder import RolloutRecorder
+from rllm.integrations.strands.recorder import RolloutRecorder, record
 from rllm.integrations.strands.termination import describe_failure, termination_reason_for
 from rllm.types import TerminationReason, Trajectory
 
@@ -330,3 +331,37 @@ async def run_team_rollout(
     finished = _finished(end, error, trajectories, latency, response_length)
     finished.metrics["nodes"] = float(len({t.name for t in trajectories}))
     return finished
+
+
+Built = Agent | MultiAgentBase
+"""What an agent factory returns: a Strands ``Agent``, or a ``Swarm`` or ``Graph`` of agents."""
+AgentFactory = Callable[[RLLMModel, dict[str, Any]], Built]
+"""``agent_factory(model, task)``: what runs ``task``, built on ``model`` (the rollout's ``RLLMModel``)."""
+
+
+def record_built(built: Built, *, name: str | None = None, budget: Budget | None = None,
+                 infra_exceptions: tuple[type[BaseException], ...] = ()) -> dict[str, RolloutRecorder]:
+    """The recorders of what a factory built, by node id: one for an agent (under ``name``), one per node of a team."""
+    if isinstance(built, MultiAgentBase):
+        return record_team(built, budget=budget, infra_exceptions=infra_exceptions)
+    if not isinstance(built, Agent):
+        raise TypeError(f"an agent factory returned a {type(built).__name__}, not a Strands Agent, Swarm or Graph")
+    recorder = record(built, budget=budget, infra_exceptions=infra_exceptions)
+    return {name or str(built.name): recorder}
+
+
+async def run_built(built: Built, prompt: Any, recorders: dict[str, RolloutRecorder], *,
+                    timeout_s: float | None = None, response_length: int | None = None) -> FinishedRollout:
+    """``run_rollout`` for an agent, ``run_team_rollout`` for a team, with the recorders of ``record_built``."""
+    if isinstance(built, MultiAgentBase):
+        return await run_team_rollout(built, prompt, recorders=recorders, timeout_s=timeout_s,
+                                      response_length=response_length)
+    (recorder,) = recorders.values()
+    return await run_rollout(built, prompt, recorder=recorder, timeout_s=timeout_s, response_length=response_length)
+
+
+def built_agents(built: Built) -> list[Agent]:
+    """The agent, or every agent node of a team."""
+    if isinstance(built, Agent):
+        return [built]
+    return [node.executor for node in getattr(built, "nodes", {}).values() if isinstance(node.executor, Agent)]

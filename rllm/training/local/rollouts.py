@@ -16,7 +16,7 @@ from typing import Any
 from rllm.engine.rollout.token_engine import TokenEngine
 from rllm.errors import RolloutCancelledError, ToolBackendError
 from rllm.integrations.strands import Budget, RLLMModel
-from rllm.integrations.strands.rollout import build_agent, run_rollout
+from rllm.integrations.strands.rollout import AgentFactory, Built, build_agent, record_built, run_built
 from rllm.types import TerminationReason
 
 
@@ -46,18 +46,19 @@ class Rollout:
 
 @dataclass(frozen=True)
 class RolloutRequest:
-    """What to run: the user's prompt, its group, and the sampling of every model call."""
+    """What to run: the prompt, its group, the sampling of every model call, and the task an agent factory gets."""
 
     prompt: str
     group: str
     sampling: dict[str, Any]
+    task: dict[str, Any] | None = None
 
 
 async def _run_one(
-    engine: TokenEngine, request: RolloutRequest, *, tools: list[Any], system_prompt: str | None, budget: Budget,
-    response_length: int,
+    engine: TokenEngine, request: RolloutRequest, *, tools: list[Any] | None, system_prompt: str | None, budget: Budget,
+    response_length: int, agent_factory: AgentFactory | None = None,
 ) -> Rollout:
-    """Run the agent on ``request.prompt`` and return its exact tokens and outcome.
+    """Run the agent (from ``tools``, or by ``agent_factory``) on ``request.prompt``: its exact tokens and outcome.
 
     Raises what the agent's run raised unless it is a policy outcome (budget, context, response
     length), as ``StrandsAgentLoop`` does. An infrastructure failure raises too (a generation the
@@ -66,9 +67,15 @@ async def _run_one(
     ``RolloutCancelledError``: a local run has no other rollouts to fall back on, and scoring
     either would train on it.
     """
-    agent = build_agent(RLLMModel(engine, params=dict(request.sampling)), tools=tools, system_prompt=system_prompt,
-                        budget=budget, name="local_rollout")
-    finished = await run_rollout(agent, request.prompt, response_length=response_length)
+    model = RLLMModel(engine, params=dict(request.sampling))
+    built: Built
+    if agent_factory is None:
+        built = build_agent(model, tools=list(tools or []), system_prompt=system_prompt, budget=budget,
+                            name="local_rollout")
+    else:
+        built = agent_factory(model, dict(request.task or {"prompt": request.prompt}))
+    recorders = record_built(built, budget=budget)
+    finished = await run_built(built, request.prompt, recorders, response_length=response_length)
     finished.raise_if_unexpected()
     end = finished.end
     if end.infra_failure:
@@ -79,9 +86,9 @@ async def _run_one(
     if not end.scored:
         raise RolloutCancelledError(f"the rollout ended {end.reason.value}: nothing to score or train on")
     samples = finished.token_samples()
-    if len(samples) != 1:  # its agent keeps the whole history (NullConversationManager): never expected
-        raise RuntimeError(f"the rollout's history was rewritten into {len(samples)} samples; the local trainer "
-                           "trains one sample per rollout (verl's trainer takes several)")
+    if len(samples) != 1:  # a factory's conversation manager, or a team: verl's trainer takes several
+        raise ValueError(f"the rollout came back as {len(samples)} samples (a rewritten history, or a team's "
+                         "nodes); the local trainer trains one sample per rollout: train it with verl's trainer")
     return Rollout(
         group=request.group,
         fields=samples[0],
@@ -93,11 +100,19 @@ async def _run_one(
 
 
 async def run_rollouts(
-    engine: TokenEngine, requests: Sequence[RolloutRequest], *, tools: list[Any], system_prompt: str | None,
-    budget: Budget, response_length: int,
+    engine: TokenEngine, requests: Sequence[RolloutRequest], *, tools: list[Any] | None = None,
+    system_prompt: str | None = None, budget: Budget, response_length: int, agent_factory: AgentFactory | None = None,
 ) -> list[Rollout]:
-    """Run every request concurrently (in order of ``requests``)."""
+    """Run every request concurrently (in order of ``requests``).
+
+    The agent is a ``StrandsAgent`` with ``tools`` and ``system_prompt``, or whatever
+    ``agent_factory(model, request.task)`` builds on the rollout's model, as in evaluation and in the
+    verl loop; ``budget`` applies to either.
+    """
+    if (agent_factory is None) == (tools is None):
+        raise TypeError("run_rollouts: give either tools (with system_prompt) or agent_factory")
     return list(await asyncio.gather(*(
-        _run_one(engine, r, tools=tools, system_prompt=system_prompt, budget=budget, response_length=response_length)
+        _run_one(engine, r, tools=tools, system_prompt=system_prompt, budget=budget, response_length=response_length,
+                 agent_factory=agent_factory)
         for r in requests
     )))

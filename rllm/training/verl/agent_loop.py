@@ -52,14 +52,8 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 
 from rllm.engine.rollout.verl_engine import VerlEngine, VerlSession
 from rllm.errors import ConfigurationError
-from rllm.integrations.strands import Budget, RLLMModel, RolloutRecorder, describe_failure, record
-from rllm.integrations.strands.rollout import (
-    FinishedRollout,
-    build_agent,
-    record_team,
-    run_rollout,
-    run_team_rollout,
-)
+from rllm.integrations.strands import Budget, RLLMModel, RolloutRecorder, describe_failure
+from rllm.integrations.strands.rollout import Built, FinishedRollout, build_agent, built_agents, record_built, run_built
 from rllm.parser import get_tool_parser
 from rllm.tokens.renderer import content_text
 from rllm.training.verl._dotted import import_object
@@ -359,17 +353,13 @@ class StrandsAgentLoop(AgentLoopBase):
         prompt: Any = conversation
         if len(conversation) == 1 and conversation[0]["role"] == "user":
             prompt = conversation[0]["content"][0]["text"]
-        if isinstance(built, MultiAgentBase):
-            finished = await run_team_rollout(built, prompt, recorders=recorders, timeout_s=self.settings.timeout_s,
-                                              response_length=self.response_length)
-        else:
-            finished = await run_rollout(built, prompt, recorder=next(iter(recorders.values())),
-                                         timeout_s=self.settings.timeout_s, response_length=self.response_length)
+        finished = await run_built(built, prompt, recorders, timeout_s=self.settings.timeout_s,
+                                   response_length=self.response_length)
         finished.raise_if_unexpected()
-        return self._outputs(_agents(built), list(recorders.values()), finished, kwargs)
+        return self._outputs(built_agents(built), list(recorders.values()), finished, kwargs)
 
     def _agent(self, model: RLLMModel, system: str | None,
-               row: dict[str, Any]) -> tuple[Agent | MultiAgentBase, dict[str, RolloutRecorder]]:
+               row: dict[str, Any]) -> tuple[Built, dict[str, RolloutRecorder]]:
         """The rollout's agent (or team) and its recorders: from ``tool_factory``, or the user's ``agent_factory``."""
         settings = self.settings
         if settings.agent_factory is None:
@@ -384,12 +374,9 @@ class StrandsAgentLoop(AgentLoopBase):
         if not isinstance(built, Agent | MultiAgentBase):
             raise ConfigurationError(f"{SETTINGS_KEY}.agent_factory={factory} returned a {type(built).__name__}, "
                                      "not a Strands Agent, Swarm or Graph")
-        if isinstance(built, MultiAgentBase):
-            recorders = record_team(built, budget=settings.budget, infra_exceptions=settings.infra_exceptions)
-        else:
-            recorders = {self.name: record(built, budget=settings.budget,
-                                           infra_exceptions=settings.infra_exceptions)}
-        for node_agent in _agents(built):
+        recorders = record_built(built, name=self.name, budget=settings.budget,
+                                 infra_exceptions=settings.infra_exceptions)
+        for node_agent in built_agents(built):
             if node_agent.model is not model:
                 raise ConfigurationError(f"{SETTINGS_KEY}.agent_factory={factory} built agent {node_agent.name!r} on "
                                          f"another model ({type(node_agent.model).__name__}); build it on the model it "
@@ -439,9 +426,3 @@ class StrandsAgentLoop(AgentLoopBase):
                                            extra_fields={**extra, "sample_index": index, **node}))
         return outputs
 
-
-def _agents(built: Agent | MultiAgentBase) -> list[Agent]:
-    """The agent, or every agent node of a team."""
-    if isinstance(built, Agent):
-        return [built]
-    return [node.executor for node in getattr(built, "nodes", {}).values() if isinstance(node.executor, Agent)]

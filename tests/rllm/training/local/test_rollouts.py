@@ -48,3 +48,48 @@ async def test_a_cancelled_rollout_raises() -> None:
     with pytest.raises(RolloutCancelledError, match="cancelled"):
         await _run(lambda prompt: "\\boxed{7}" if "<tool_response>" in prompt else CALL.replace("alpha", "stop"))
     assert LOOKUPS == ["stop"]
+
+
+def _policy(prompt: str) -> str:
+    return "\\boxed{7}" if prompt.count("<tool_response>") >= 3 else CALL
+
+
+async def test_a_factorys_plain_agent_gives_the_local_trainer_its_exact_tokens() -> None:
+    from strands import Agent
+
+    engine = ScriptedTokenEngine(FAMILIES["qwen3"].tokenizer(), _policy)
+    tasks: list[dict[str, Any]] = []
+
+    def factory(model: Any, task: dict[str, Any]) -> Agent:
+        tasks.append(task)
+        return Agent(model=model, tools=[lookup], system_prompt="Answer in \\boxed{}.", callback_handler=None)
+
+    [rollout] = await run_rollouts(engine, [RolloutRequest("What does alpha hold?", "g0", {}, task={"id": "t0"})],
+                                   agent_factory=factory, budget=Budget(max_model_turns=6), response_length=1024)
+
+    assert tasks == [{"id": "t0"}]
+    assert rollout.reason.value == "finished" and rollout.final_answer == "\\boxed{7}"
+    fields = rollout.fields
+    assert fields["prompt_ids"] == engine.prompts[0] and len(engine.prompts) == 4
+    whole = fields["prompt_ids"] + fields["response_ids"]
+    assert whole[: len(engine.prompts[-1])] == engine.prompts[-1]  # token-in/token-out up to the last call
+
+
+async def test_a_factorys_rollout_split_into_samples_is_refused_with_where_to_train_it() -> None:
+    from strands import Agent
+    from strands.agent.conversation_manager import SlidingWindowConversationManager
+
+    def factory(model: Any, task: dict[str, Any]) -> Agent:
+        return Agent(model=model, tools=[lookup], callback_handler=None,
+                     conversation_manager=SlidingWindowConversationManager(window_size=2, per_turn=True))
+
+    engine = ScriptedTokenEngine(FAMILIES["qwen3"].tokenizer(), lambda p: "\\boxed{7}" if len(p) > 900 else CALL)
+    with pytest.raises(ValueError, match="train it with verl's trainer"):
+        await run_rollouts(engine, [RolloutRequest("What does alpha hold?", "g0", {})], agent_factory=factory,
+                           budget=Budget(max_model_turns=6), response_length=1024)
+
+
+async def test_the_local_rollouts_take_tools_or_a_factory_not_both() -> None:
+    with pytest.raises(TypeError, match="either tools"):
+        await run_rollouts(ScriptedTokenEngine(FAMILIES["qwen3"].tokenizer(), _policy), [], tools=[lookup],
+                           agent_factory=lambda model, task: None, budget=Budget(), response_length=8)
