@@ -279,13 +279,27 @@ class ProxyProcess:
         """Write the config, launch ``litellm`` and return once it answers health checks."""
         if self.running:
             raise ProxyError("the proxy is already running")
+        for attempt in range(3):
+            logged = self.log_path.stat().st_size if self.log_path.exists() else 0
+            try:
+                return self._start()
+            except ProxyError:
+                # Another process took the picked port between picking and binding: pick another. The
+                # bind error sits above uvicorn's long traceback, so this attempt's whole log is read.
+                if self._fixed_port or attempt == 2 or not self._bind_failed_since(logged):
+                    raise
+                logger.warning("port %d was taken before the proxy bound it; trying another", self.port)
+                self.port = free_port()
+        raise AssertionError("unreachable")
+
+    def _bind_failed_since(self, offset: int) -> bool:
+        """Whether the log, from byte ``offset`` on (one start attempt), says the port was already in use."""
         try:
-            return self._start()
-        except ProxyError:
-            if self._fixed_port or "address already in use" not in self._log_tail().lower():
-                raise
-            self.port = free_port()  # another process took the free port between picking and binding
-            return self._start()
+            with self.log_path.open("rb") as log:
+                log.seek(offset)
+                return b"address already in use" in log.read().lower()
+        except OSError:
+            return False
 
     def _start(self) -> ProxyProcess:
         root = find_proxy_venv(self._venv)

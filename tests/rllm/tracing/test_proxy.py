@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import random
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -21,10 +22,10 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from fixtures.keyed_server import KeyedOpenAIServer
 from strands import Agent, tool
 from strands.models.openai import OpenAIModel
 
-from fixtures.keyed_server import KeyedOpenAIServer
 from rllm.integrations.strands import NonStreamingOpenAIModel
 from rllm.testing.scripted_server import ScriptedOpenAIServer, ScriptedReply, ScriptedToolCall, ToyChatTokens
 from rllm.tracing import (
@@ -83,8 +84,16 @@ def proxy(proxy_venv: Path, backends: list[ScriptedOpenAIServer], tmp_path_facto
     config = ProxyConfig(backends=[*(Backend(s.base_url, "served-model") for s in backends),
                                    Backend(backends[0].base_url, "served-model", kind="openai", model_name="plain")],
                          db_path=run_dir / "traces.db")
-    with ProxyProcess(config, run_dir=run_dir, venv=proxy_venv) as running:
-        yield running
+    process = ProxyProcess(config, run_dir=run_dir, venv=proxy_venv)
+    # The port it picked is taken before it binds, as another process on a busy machine may take it: it must
+    # notice (the bind error sits above uvicorn's long traceback in its log) and start on another.
+    picked = process.port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as squatter:
+        squatter.bind(("127.0.0.1", picked))
+        squatter.listen()
+        with process as running:
+            assert running.port != picked and "address already in use" in running.log_path.read_text().lower()
+            yield running
 
 
 @pytest.fixture
