@@ -225,17 +225,17 @@ class RolloutRecorder:
         self.tool_failures.reset()
 
 
-def record(agent: Agent, *, budget: Budget | None = None, validate_tool_calls: bool = True,
+def record(agent: Agent, *, name: str | None = None, budget: Budget | None = None, validate_tool_calls: bool = True,
            infra_exceptions: tuple[type[BaseException], ...] = ()) -> RolloutRecorder:
     """The recorder of ``agent``: a ``StrandsAgent``'s own, or a new one attached to any other ``Agent``.
 
-    A ``StrandsAgent`` keeps its own budget and validation, so the arguments apply to other agents
-    only. The trajectories are named by the agent's name.
+    A ``StrandsAgent`` keeps its own name, budget and validation, so the arguments apply to other
+    agents only. The trajectories are named ``name`` (a team's node id), else by the agent's name.
     """
     own = getattr(agent, "recorder", None)
     if isinstance(own, RolloutRecorder):
         return own
-    recorder = RolloutRecorder(str(agent.name), budget=budget, validate_tool_calls=validate_tool_calls,
+    recorder = RolloutRecorder(name or str(agent.name), budget=budget, validate_tool_calls=validate_tool_calls,
                                infra_exceptions=infra_exceptions)
     recorder.attach(agent)
     return recorder

@@ -260,12 +260,7 @@ def record_team(team: MultiAgentBase, *, budget: Budget | None = None,
         agent = node.executor
         if not isinstance(agent, Agent):
             raise TypeError(f"node {node_id!r} runs a {type(agent).__name__}; only Strands Agent nodes are recorded")
-        own = getattr(agent, "recorder", None)
-        if isinstance(own, RolloutRecorder):
-            recorders[node_id] = own
-            continue
-        recorders[node_id] = RolloutRecorder(str(node_id), budget=budget, infra_exceptions=infra_exceptions)
-        recorders[node_id].attach(agent)
+        recorders[node_id] = record(agent, name=str(node_id), budget=budget, infra_exceptions=infra_exceptions)
     return recorders
 
 
