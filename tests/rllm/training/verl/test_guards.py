@@ -1,6 +1,6 @@
 """The training guards: each metric computed from a step's rollouts, and each stop firing when violated.
 
-These check the guards' arithmetic and messages on rollouts written here; ``test_guard_faults.py``
+These check the guards' arithmetic and messages on rollouts written here; ``test_guard_faults_*.py``
 shows each stop on verl's own trainer, with the fault injected into a real run.
 """
 

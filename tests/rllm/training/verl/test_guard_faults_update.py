@@ -1,0 +1,47 @@
+"""Guards on the update, each shown stopping verl's own trainer on an injected fault: a NaN loss, a constant reward.
+
+Every run is ``python -m rllm.training.verl.train --cpu`` on the lookup recipe
+(``fixtures.verl_fault_runs``); the faults come from outside the code under test (verl's own policy
+loss wrapped by ``fixtures.verl_faults`` in every process, or a scorer named in the recipe). Each run
+must exit non-zero with the step and the guard in its output.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("OTEL_SDK_DISABLED", "true")
+
+for _module in ("verl", "ray", "transfer_queue"):
+    pytest.importorskip(_module, reason=f"{_module} is not installed: the fault runs need the train extra")
+
+from fixtures.verl_fault_runs import prepare, train  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model and lookup rows every run of this module trains."""
+    return prepare(tmp_path_factory.mktemp("faults"))
+
+
+@pytest.mark.timeout(900)
+def test_a_nan_loss_stops_verls_trainer_before_the_weights_are_synced(prepared: Path, tmp_path: Path) -> None:
+    run = train(prepared, tmp_path, fault="nan_loss")
+    assert run.returncode != 0, run.output[-3000:]
+    assert "step 1: actor/loss is nan; stopping instead of training on it" in run.output, run.output[-3000:]
+    assert run.metrics and run.metrics[-1]["step"] == 1  # the stop logged the step's metrics first
+
+
+@pytest.mark.timeout(900)
+def test_a_constant_reward_stops_verls_trainer_after_three_steps(prepared: Path, tmp_path: Path) -> None:
+    run = train(prepared, tmp_path,
+                "reward.custom_reward_function.reward_kwargs.scorer=fixtures.verl_faults:constant_score")
+    assert run.returncode != 0, run.output[-3000:]
+    assert "step 3: the reward was the same for every rollout of every group for 3 step(s) in a row" in run.output
+    assert [m["step"] for m in run.metrics] == [1, 2, 3]
+    assert all(m["data"]["rllm/guard/groups_with_signal_share"] == 0 for m in run.metrics)
