@@ -22,6 +22,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import math
 import random
 import statistics
 import time
@@ -89,6 +90,9 @@ class ProofConfig:
     prompts_per_step: int = 8
     rollouts_per_prompt: int = 8
     rl_lr: float = 3e-4
+    rl_lr_min_ratio: float = 1.0
+    """Where the RL learning rate ends, as a share of ``rl_lr``: below 1, a half-cosine from ``rl_lr`` over
+    ``rl_steps`` (verl's ``lr_scheduler_type=cosine`` with ``min_lr_ratio``; the local trainer the same curve)."""
     temperature: float = 1.0
     max_tokens: int = 48
     response_length: int = 320
@@ -115,6 +119,15 @@ class ProofConfig:
         if after < self.min_final:
             problems.append(f"held-out reward ended at {after:.3f}, below {self.min_final}")
         return problems
+
+
+def rl_learning_rate(config: ProofConfig, step: int) -> float:
+    """The learning rate of RL step ``step`` (1-based): verl's cosine schedule without warm-up, zero-indexed."""
+    if config.rl_lr_min_ratio >= 1.0:
+        return config.rl_lr
+    progress = (step - 1) / max(1, config.rl_steps)
+    floor = config.rl_lr_min_ratio
+    return config.rl_lr * (floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress)))
 
 
 @dataclass
@@ -246,6 +259,8 @@ class LearningProof:
         """One RLOO step: rollouts on fresh training boxes, rewards, one trainer step; its metrics."""
         c = self.config
         started = time.perf_counter()
+        for group in self.trainer.optimizer.param_groups:
+            group["lr"] = rl_learning_rate(c, step)
         tasks = self.rng.sample(self.train_tasks, c.prompts_per_step)
         expanded = [t for t in tasks for _ in range(c.rollouts_per_prompt)]
         rollouts = self._run(self.engine, [RolloutRequest(t.question, t.task_id, self._sampling()) for t in expanded])
@@ -273,8 +288,6 @@ class LearningProof:
             demos = self.demonstrations()
             losses = self.warm_start(demos)
             warm_seconds = time.perf_counter() - started
-            for group in self.trainer.optimizer.param_groups:
-                group["lr"] = c.rl_lr
             before, stats = self.evaluate()
             logger.info("after the warm start (%d steps, %.0fs, final loss %.3f): held-out reward %.3f",
                         c.warm_steps, warm_seconds, losses[-1] if losses else float("nan"), before)

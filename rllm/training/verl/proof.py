@@ -126,7 +126,7 @@ def verl_overrides(config: ProofConfig, model_dir: Path, data_dir: Path, out_dir
     """Hydra overrides that set the ``lookup_rloo`` recipe to ``config``, the model and the rows.
 
     Mapped: boxes per step (``train_batch_size``, one optimizer step per RL step), rollouts per box,
-    the RL learning rate, temperature (training and validation), samples per held-out box
+    the RL learning rate and its schedule, temperature (training and validation), samples per held-out box
     (``val_kwargs.n``), response length, tokens per model call, micro-batch, steps, evaluation
     interval, the world the rows come from and the seed (data order). The warm start's settings
     stay in this process.
@@ -148,6 +148,8 @@ def verl_overrides(config: ProofConfig, model_dir: Path, data_dir: Path, out_dir
         f"actor_rollout_ref.actor.ppo_mini_batch_size={config.prompts_per_step}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={config.micro_batch_size}",
         f"actor_rollout_ref.actor.optim.lr={config.rl_lr}",
+        *([] if config.rl_lr_min_ratio >= 1.0 else ["actor_rollout_ref.actor.optim.lr_scheduler_type=cosine",
+                                                     f"actor_rollout_ref.actor.optim.min_lr_ratio={config.rl_lr_min_ratio}"]),
         f"rllm.agent_loop.max_tokens_per_turn={config.max_tokens}",
         f"trainer.total_training_steps={config.rl_steps}",
         f"trainer.test_freq={config.eval_every}",

@@ -55,6 +55,35 @@ def test_the_lookup_recipe_takes_the_proofs_settings_and_passes_verls_validation
     assert len(val_rows) == config.held_out and len(pd.read_parquet(train_path)) == config.world_size - config.held_out
 
 
+def test_a_decaying_rl_learning_rate_is_verls_cosine_schedule_and_the_local_trainers_curve_is_verls(tmp_path) -> None:
+    """The quickstart's ``rl_lr_min_ratio``: verl's own scheduler and the local trainer give the same rate per step."""
+    import torch
+    from verl.utils.torch_functional import get_cosine_schedule_with_warmup
+
+    from rllm.eval.quickstart import quickstart_config
+    from rllm.training.local.proof import rl_learning_rate
+
+    config = quickstart_config("cpu")
+    assert config.rl_lr_min_ratio < 1.0  # the quickstart decays; the proof's default stays constant
+    composed = prepare_config(compose(*CPU_OVERRIDES, *verl_overrides(config, tmp_path / "m", tmp_path / "d", tmp_path)))
+    optim = composed.actor_rollout_ref.actor.optim
+    assert (optim.lr_scheduler_type, optim.min_lr_ratio, optim.lr) == ("cosine", config.rl_lr_min_ratio, config.rl_lr)
+
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=config.rl_lr)
+    schedule = get_cosine_schedule_with_warmup(optimizer, num_warmup_steps=0, num_training_steps=config.rl_steps,
+                                               min_lr_ratio=config.rl_lr_min_ratio, num_cycles=optim.num_cycles)
+    verls = []
+    for _ in range(config.rl_steps):  # verl steps the scheduler after each update
+        verls.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        schedule.step()
+    ours = [rl_learning_rate(config, step) for step in range(1, config.rl_steps + 1)]
+    assert ours == pytest.approx(verls, rel=1e-12) and ours[0] == config.rl_lr and ours[-1] < 0.2 * config.rl_lr
+    constant = ProofConfig.for_device("cpu")
+    assert rl_learning_rate(constant, constant.rl_steps) == constant.rl_lr
+    assert "lr_scheduler_type" not in " ".join(verl_overrides(constant, tmp_path, tmp_path, tmp_path))
+
+
 def test_every_lookup_recipe_key_is_a_verl_key_or_one_the_loop_reads() -> None:
     """A misspelt key would be silently ignored by verl: each is in verl's base config or a known addition."""
     import yaml
