@@ -313,6 +313,10 @@ class ProxyProcess:
                "LITELLM_LOG": os.environ.get("LITELLM_LOG", "WARNING"),
                "PYTHONPATH": os.pathsep.join([str(self.run_dir / "hooks"), str(_PACKAGE_PARENT)])}
         env.pop("VIRTUAL_ENV", None)
+        # The environment is rllm's own and installed without bytecode (``--no-compile``): LiteLLM's first start
+        # caches what it imports there, so every later start imports in half the time (about 6.7 s against 13 s
+        # on 2 cores), even where the caller's environment says not to write bytecode (PYTHONDONTWRITEBYTECODE).
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
         command = [str(_venv_bin(root, "litellm")), "--config", str(config_path), "--host", "127.0.0.1",
                    "--port", str(self.port), "--num_workers", "1"]
         logger.info("starting the LiteLLM proxy from its own environment %s on %s (log: %s)", root, self.base_url,
