@@ -13,7 +13,6 @@ from strands import Agent, tool
 from rllm.errors import ConfigurationError, ToolBackendError
 from rllm.integrations.strands import Budget, RLLMModel, record
 from rllm.integrations.strands.rollout import run_rollout
-from rllm.testing.chat_templates import FAMILIES
 from rllm.testing.scripted_tokens import ScriptedTokenEngine
 from rllm.types import TerminationReason
 
@@ -25,11 +24,6 @@ ECHO_CALL = CALL.replace('"lookup"', '"echo_lookup"')
 def echo_lookup(key: str) -> str:
     """Look a key up."""
     return key
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    return FAMILIES["qwen3"].tokenizer()
 
 
 def agent_with(tokenizer: Any, lookup: Any) -> tuple[ScriptedTokenEngine, Agent]:

@@ -20,7 +20,6 @@ from strands.multiagent import Swarm
 from rllm.errors import RolloutWithoutTokensError
 from rllm.integrations.strands import Budget, RLLMModel, record
 from rllm.integrations.strands.rollout import final_answer_text, record_built, run_built, run_rollout
-from rllm.testing.chat_templates import FAMILIES
 from rllm.testing.scripted_tokens import ScriptedTokenEngine
 from rllm.types import TerminationReason
 
@@ -31,11 +30,6 @@ CALL = '<tool_call>\n{"name": "lookup", "arguments": {"key": "alpha"}}\n</tool_c
 def lookup(key: str) -> str:
     """Look a key up."""
     return f"{key} holds 7"
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    return FAMILIES["qwen3"].tokenizer()
 
 
 def _answering(tokenizer: Any, answer: str = "\\boxed{7}") -> ScriptedTokenEngine:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import pytest
 from strands import tool
 from strands.agent.conversation_manager import SlidingWindowConversationManager, SummarizingConversationManager
 
@@ -23,11 +22,6 @@ from rllm.testing.scripted_tokens import ScriptedTokenEngine
 from rllm.types import Trajectory
 
 SYSTEM = "Look things up, then answer with \\boxed{}."
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    return FAMILIES["qwen3"].tokenizer()
 
 
 def lookups_then_answer(lookups: int, result_chars: int = 5):

@@ -11,14 +11,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import pytest
 from strands import Agent, tool
 from strands.multiagent import GraphBuilder, Swarm
 
 from rllm.integrations.strands import RLLMModel
 from rllm.integrations.strands.rollout import record_team, run_team_rollout
 from rllm.rewards.base import RewardOutput
-from rllm.testing.chat_templates import FAMILIES
 from rllm.testing.scripted_tokens import ScriptedTokenEngine
 from rllm.types import TerminationReason
 from rllm.workflows import AgentWorkflowEngine, StrandsWorkflow
@@ -74,11 +72,6 @@ class PairedEngine(ScriptedTokenEngine):
 def lookup(key: str) -> str:
     """Look a key up."""
     return f"{key} holds 7"
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    return FAMILIES["qwen3"].tokenizer()
 
 
 def agent(model: Any, name: str, prompt: str, tools: list[Any] | None = None) -> Agent:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,3 +14,11 @@ from rllm.testing.tiny_models import build_tiny_tokenizer
 def tokenizer() -> Any:
     """The tiny BPE tokenizer with the Qwen3-style template."""
     return build_tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def fault_run_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model and lookup rows the real verl runs of a module train (``fixtures.verl_fault_runs``)."""
+    from fixtures.verl_fault_runs import prepare
+
+    return prepare(tmp_path_factory.mktemp("faults"))

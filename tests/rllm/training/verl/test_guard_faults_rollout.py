@@ -17,27 +17,18 @@ import pytest
 
 os.environ.setdefault("OTEL_SDK_DISABLED", "true")
 
-for _module in ("verl", "ray", "transfer_queue"):
-    pytest.importorskip(_module, reason=f"{_module} is not installed: the fault runs need the train extra")
-
-from fixtures.verl_fault_runs import prepare, train  # noqa: E402
+from fixtures.verl_fault_runs import train  # noqa: E402 - skips this module without the train extra
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny model and lookup rows every run of this module trains."""
-    return prepare(tmp_path_factory.mktemp("faults"))
-
-
 @pytest.mark.timeout(900)
-def test_weights_that_stop_arriving_stop_verls_trainer_at_the_recipes_learning_rate(prepared: Path,
+def test_weights_that_stop_arriving_stop_verls_trainer_at_the_recipes_learning_rate(fault_run_model: Path,
                                                                                      tmp_path: Path) -> None:
     # Every sync after the first re-sends the first sync's tensors; at the HotpotQA recipe's lr (1e-6) the
     # log-prob gap cannot see it. The same run asks for verl's full determinism, which verl's run_ppo puts in the
     # environment before it starts Ray: every process of the run must have it.
-    run = train(prepared, tmp_path, "actor_rollout_ref.actor.optim.lr=1e-6",
+    run = train(fault_run_model, tmp_path, "actor_rollout_ref.actor.optim.lr=1e-6",
                  "actor_rollout_ref.rollout.full_determinism=true", fault="stale_weights",
                  probe="VERL_FULL_DETERMINISM,PYTHONHASHSEED")
     assert run.returncode != 0, run.output[-3000:]
@@ -51,15 +42,15 @@ def test_weights_that_stop_arriving_stop_verls_trainer_at_the_recipes_learning_r
 
 
 @pytest.mark.timeout(900)
-def test_a_group_left_with_one_rollout_stops_verls_trainer(prepared: Path, tmp_path: Path) -> None:
-    run = train(prepared, tmp_path, fault="abort_first_generation")
+def test_a_group_left_with_one_rollout_stops_verls_trainer(fault_run_model: Path, tmp_path: Path) -> None:
+    run = train(fault_run_model, tmp_path, fault="abort_first_generation")
     assert run.returncode != 0, run.output[-3000:]
     assert "rollout excluded from the update (engine_error)" in run.output  # the cut generation was dropped
     assert "step 1: a group has 1 rollout(s); RLOO needs at least 2 per prompt" in run.output, run.output[-3000:]
 
 
 @pytest.mark.timeout(900)
-def test_responses_cut_beyond_the_share_stop_verls_trainer(prepared: Path, tmp_path: Path) -> None:
-    run = train(prepared, tmp_path, "rllm.guards.max_truncated_share=0.5")
+def test_responses_cut_beyond_the_share_stop_verls_trainer(fault_run_model: Path, tmp_path: Path) -> None:
+    run = train(fault_run_model, tmp_path, "rllm.guards.max_truncated_share=0.5")
     assert run.returncode != 0, run.output[-3000:]
     assert "step 1: 100% of the responses were cut at response_length" in run.output, run.output[-3000:]

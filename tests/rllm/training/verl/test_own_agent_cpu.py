@@ -16,27 +16,18 @@ import pytest
 
 os.environ.setdefault("OTEL_SDK_DISABLED", "true")
 
-for _module in ("verl", "ray", "transfer_queue"):
-    pytest.importorskip(_module, reason=f"{_module} is not installed: the fault runs need the train extra")
-
-from fixtures.verl_fault_runs import prepare, train  # noqa: E402
+from fixtures.verl_fault_runs import train  # noqa: E402 - skips this module without the train extra
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny model and lookup rows every run of this module trains."""
-    return prepare(tmp_path_factory.mktemp("faults"))
-
-
 @pytest.mark.timeout(900)
 def test_a_users_agent_whose_history_a_sliding_window_rewrites_trains_two_verl_steps_on_exactly_its_samples(
-        prepared: Path, tmp_path: Path) -> None:
+        fault_run_model: Path, tmp_path: Path) -> None:
     # Not a fault: the recipe names a user's factory (a plain strands.Agent under a per-turn sliding window of 4)
     # and the rollout server plays a policy that looks a box up on every turn, so each rollout's history is
     # rewritten and comes back as several samples. Its log-probs are scripted, so the gap guard is off here.
-    run = train(prepared, tmp_path, "rllm.agent_loop.tool_factory=null",
+    run = train(fault_run_model, tmp_path, "rllm.agent_loop.tool_factory=null",
                  "rllm.agent_loop.agent_factory=fixtures.verl_faults:windowed_lookup_agent",
                  "rllm.guards.max_logprob_gap=null", "trainer.total_training_steps=2", fault="scripted_lookups",
                  response_length=1024)
