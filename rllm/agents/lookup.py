@@ -60,7 +60,6 @@ class LookupWorld:
     def __init__(self, size: int = 1000, seed: int = 0) -> None:
         if not 1 <= size <= 9000:
             raise ValueError(f"a LookupWorld holds 1 to 9,000 boxes, not {size}")
-        self.seed = seed
         rng = random.Random(seed)
         items = rng.sample(range(1000, 10000), size)
         self.tasks = [LookupTask(box=box, item=item, code=rng.randrange(1000, 10000))
@@ -74,18 +73,10 @@ class LookupWorld:
         return self._table.get(key, f"nothing is stored under '{key}'")
 
     def split(self, held_out: int) -> tuple[list[LookupTask], list[LookupTask]]:
-        """The tasks as (training, held-out): ``held_out`` boxes drawn with the world's seed, each list in box order.
-
-        Drawn, not the last boxes: held out as a block (953-1000 of 1,000), their numbers had digit
-        patterns no training question has (no box from 960 to 999 was trained on), so a tiny policy that
-        copies box numbers well on training boxes garbled them there and the held-out reward measured that
-        shift instead of learning.
-        """
+        """The tasks as (training, held-out), the last ``held_out`` boxes held out."""
         if not 0 < held_out < len(self.tasks):
             raise ValueError(f"held_out must be between 1 and {len(self.tasks) - 1}")
-        chosen = set(random.Random(f"held-out-{self.seed}").sample(range(len(self.tasks)), held_out))
-        return ([t for i, t in enumerate(self.tasks) if i not in chosen],
-                [t for i, t in enumerate(self.tasks) if i in chosen])
+        return self.tasks[:-held_out], self.tasks[-held_out:]
 
 
 def lookup_tools(world: LookupWorld) -> list[Any]:
