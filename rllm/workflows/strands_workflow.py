@@ -89,8 +89,7 @@ class StrandsWorkflow(Workflow):
         self.model = RLLMModel(rollout_engine, **(model_kwargs or {}))
         self.agent_factory = agent_factory
         self.budget = budget
-        self.agent: Agent | None = None  # the StrandsAgent built from tools (kept and reset between tasks)
-        self.built: Built | None = None
+        self.built: Built | None = None  # from tools: built once, reset between tasks; from a factory: per task
         self.recorders: dict[str, RolloutRecorder] = {}
         if tools is not None:
             agent = build_agent(
@@ -100,8 +99,13 @@ class StrandsWorkflow(Workflow):
                 budget=budget,
                 **(agent_kwargs or {}),
             )
-            self.agent = self.built = agent
+            self.built = agent
             self.recorders = {agent.name: agent.recorder}
+
+    @property
+    def agent(self) -> Agent | None:
+        """The agent that runs the current task (``None`` for a team, or before a factory has built one)."""
+        return self.built if isinstance(self.built, Agent) else None
 
     def reset(self) -> None:
         """Restore the agent to its freshly built state (messages, trajectory, counters, token session).
@@ -109,7 +113,7 @@ class StrandsWorkflow(Workflow):
         A factory's agent is built anew for every task instead.
         """
         if self.agent_factory is None:
-            self.agent.reset()  # type: ignore[union-attr]  # the StrandsAgent built from tools
+            self.built.reset()  # type: ignore[union-attr]  # the StrandsAgent built from tools
         else:
             self.built, self.recorders = None, {}
 
