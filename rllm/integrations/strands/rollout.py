@@ -139,6 +139,7 @@ class FinishedRollout:
             (prompt_ids, response_ids, response_mask, response_logprobs, num_turns), in order; a
             sample its run never sampled in is left out unless it is the only one. Empty without a
             token engine or when the run stopped before its first model call.
+        sample_names: The name of the trajectory each sample is (a team's node id), in ``samples``' order.
         truncated: A sample's response was cut at ``response_length``: ran past it (its fields cut
             there), or filled it and ended by the token budget.
         num_model_calls: Sampled turns over all samples (0 without a token engine).
@@ -149,6 +150,7 @@ class FinishedRollout:
     error: BaseException | None
     trajectories: list[Trajectory]
     samples: list[dict[str, Any]] = field(default_factory=list)
+    sample_names: list[str] = field(default_factory=list)
     truncated: bool = False
     num_model_calls: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
@@ -228,8 +230,9 @@ def _finished(end: RolloutEnd, error: BaseException | None, trajectories: list[T
               response_length: int | None) -> FinishedRollout:
     """The ``FinishedRollout`` of recorded trajectories: metrics, and the verl fields of every sample."""
     metrics = {**trajectory_metrics(trajectories), "latency_s": latency}
-    traces = [t.token_trace for t in trajectories if t.token_trace is not None]
-    sampled = [trace for trace in traces if trace.num_turns] or traces[:1]
+    traced = [(t.name, t.token_trace) for t in trajectories if t.token_trace is not None]
+    kept = [(name, trace) for name, trace in traced if trace.num_turns] or traced[:1]
+    sampled = [trace for _, trace in kept]
     if not sampled:
         return FinishedRollout(end=end, error=error, trajectories=trajectories, metrics=metrics)
     last = sampled[-1]
@@ -238,6 +241,7 @@ def _finished(end: RolloutEnd, error: BaseException | None, trajectories: list[T
         error=error,
         trajectories=trajectories,
         samples=[trace.to_verl(response_length) for trace in sampled],
+        sample_names=[name for name, _ in kept],
         truncated=any(len(t) - t.prompt_length > (response_length or len(t)) for t in sampled)
         or _truncated(len(last) - last.prompt_length, response_length, end.reason),
         num_model_calls=sum(trace.num_turns for trace in sampled),

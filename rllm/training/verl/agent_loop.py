@@ -47,7 +47,6 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from strands import Agent
-from strands.multiagent.base import MultiAgentBase
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
 
 from rllm.engine.rollout.verl_engine import VerlEngine, VerlSession
@@ -371,11 +370,11 @@ class StrandsAgentLoop(AgentLoopBase):
         receive_secrets()
         factory = settings.agent_factory
         built = import_object(factory)(model, {key: _plain(value) for key, value in row.items()})
-        if not isinstance(built, Agent | MultiAgentBase):
-            raise ConfigurationError(f"{SETTINGS_KEY}.agent_factory={factory} returned a {type(built).__name__}, "
-                                     "not a Strands Agent, Swarm or Graph")
-        recorders = record_built(built, name=self.name, budget=settings.budget,
-                                 infra_exceptions=settings.infra_exceptions)
+        try:
+            recorders = record_built(built, name=self.name, budget=settings.budget,
+                                     infra_exceptions=settings.infra_exceptions)
+        except TypeError as error:  # not an Agent, Swarm or Graph, or a team with a node rllm cannot record
+            raise ConfigurationError(f"{SETTINGS_KEY}.agent_factory={factory}: {error}") from error
         for node_agent in built_agents(built):
             if node_agent.model is not model:
                 raise ConfigurationError(f"{SETTINGS_KEY}.agent_factory={factory} built agent {node_agent.name!r} on "
@@ -415,14 +414,12 @@ class StrandsAgentLoop(AgentLoopBase):
         metrics = AgentLoopMetrics(generate_sequences=sum(s.generate_seconds for s in sessions),
                                    tool_calls=tool_seconds,
                                    num_preempted=max((s.num_preempted for s in sessions), default=-1))
-        names = [t.name for t in finished.trajectories if t.token_trace is not None and t.token_trace.num_turns]
         outputs = []
         for index, sample in enumerate(samples):
             fields = dict(sample)
             if not end.scored:
                 fields["response_mask"] = [0] * len(fields["response_ids"])
-            node = {"agent": names[index]} if len(names) == len(samples) else {}
-            outputs.append(AgentLoopOutput(**fields, metrics=metrics,
-                                           extra_fields={**extra, "sample_index": index, **node}))
+            outputs.append(AgentLoopOutput(**fields, metrics=metrics, extra_fields={
+                **extra, "sample_index": index, "agent": finished.sample_names[index]}))
         return outputs
 

@@ -133,6 +133,7 @@ async def test_an_agent_and_a_team_from_a_factory_run_through_one_entry_point(to
     together = await run_built(team, "What does alpha hold?", team_recorders)
     assert together.end.reason is TerminationReason.FINISHED and together.end.final_answer == "\\boxed{7}"
     assert [t.name for t in together.trajectories] == ["solver"] and together.metrics["nodes"] == 1.0
+    assert alone.sample_names == together.sample_names == ["solver"]  # whose sample each verl row is
 
     with pytest.raises(TypeError, match="not a Strands Agent, Swarm or Graph"):
         record_built(lambda prompt: prompt)  # type: ignore[arg-type]

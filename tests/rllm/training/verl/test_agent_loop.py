@@ -492,6 +492,15 @@ async def test_a_swarm_from_the_factory_is_one_rollout_whose_node_samples_verl_s
     assert [sum(scores.tolist()) for scores in put["fields"]["rm_scores"]] == [1.0, 1.0]  # one reward, on both
 
 
+async def test_an_agent_factory_that_returns_no_agent_is_a_configuration_error_naming_the_key(tokenizer) -> None:
+    server = FakeServerManager(tokenizer, turns_script("\\boxed{Paris}"))
+    loop, _ = build_loop(tokenizer, server, tool_factory=None, agent_factory="fixtures.verl_loop:not_an_agent")
+    with pytest.raises(ConfigurationError, match=r"agent_factory=fixtures.verl_loop:not_an_agent: an agent factory "
+                                                 r"returned a str, not a Strands Agent, Swarm or Graph"):
+        await loop.run(dict(SAMPLING), **row())
+    assert server.calls == []
+
+
 async def test_an_agent_factory_that_builds_on_another_model_is_refused(tokenizer) -> None:
     server = FakeServerManager(tokenizer, turns_script("\\boxed{Paris}"))
     loop, _ = build_loop(tokenizer, server, tool_factory=None,
