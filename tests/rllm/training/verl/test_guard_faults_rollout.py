@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,12 @@ def test_a_group_left_with_one_rollout_stops_verls_trainer(fault_run_model: Path
 
 @pytest.mark.timeout(900)
 def test_responses_cut_beyond_the_share_stop_verls_trainer(fault_run_model: Path, tmp_path: Path) -> None:
-    run = train(fault_run_model, tmp_path, "rllm.guards.max_truncated_share=0.5")
+    # The random-init policy nearly always runs to the response length, but it sometimes samples its end
+    # token in time (CI once saw three of the four responses cut): the limit leaves room for two such
+    # rollouts, and the guard must name the share it saw.
+    run = train(fault_run_model, tmp_path, "rllm.guards.max_truncated_share=0.25")
     assert run.returncode != 0, run.output[-3000:]
-    assert "step 1: 100% of the responses were cut at response_length" in run.output, run.output[-3000:]
+    cut = re.search(r"step 1: (\d+)% of the responses were cut at response_length "
+                    r"\(rllm\.guards\.max_truncated_share=0\.25\)", run.output)
+    assert cut is not None, run.output[-3000:]
+    assert int(cut.group(1)) > 25, cut.group(0)
