@@ -1,8 +1,8 @@
 r"""The two-hop lookup agent: a task no policy can solve without calling its tool twice.
 
-A ``LookupWorld`` maps boxes to items and items to codes, all random: ``"box 37"`` →
+A ``LookupWorld`` maps boxes to items and items to codes, all random: ``"box 3757"`` →
 ``"item 5821"``, ``"item 5821"`` → ``"code 9304"``. The question "What is the code of the item in
-box 37?" is answered by looking up the box, then the item, then writing ``\boxed{9304}``; a
+box 3757?" is answered by looking up the box, then the item, then writing ``\boxed{9304}``; a
 policy that skips a lookup can only guess one code in 9,000. The agent is a plain Strands agent
 with one ``@tool``, ``lookup(key)``, so its rollouts run through the same runner as the search
 agent's. ``demonstration_script`` answers as a (deliberately imperfect) teacher would, for a warm
@@ -53,7 +53,9 @@ class LookupWorld:
     """``size`` boxes, each holding a distinct random item with a random four-digit code.
 
     Args:
-        size: Boxes (numbered 1..size); items are distinct four-digit numbers, so at most 9,000.
+        size: Boxes; boxes and items are distinct random four-digit numbers, so at most 9,000. Boxes
+            numbered 1..size made a held-out split of the last boxes (953-1000 of 1000) a test of copying
+            digit patterns no training question has ("box 986" was looked up as "box 966"), not of tool use.
         seed: Draws the items and codes.
     """
 
@@ -61,9 +63,10 @@ class LookupWorld:
         if not 1 <= size <= 9000:
             raise ValueError(f"a LookupWorld holds 1 to 9,000 boxes, not {size}")
         rng = random.Random(seed)
+        boxes = rng.sample(range(1000, 10000), size)
         items = rng.sample(range(1000, 10000), size)
         self.tasks = [LookupTask(box=box, item=item, code=rng.randrange(1000, 10000))
-                      for box, item in zip(range(1, size + 1), items, strict=True)]
+                      for box, item in zip(boxes, items, strict=True)]
         self._table = {f"box {t.box}": f"item {t.item}" for t in self.tasks}
         self._table.update({f"item {t.item}": f"code {t.code}" for t in self.tasks})
 
