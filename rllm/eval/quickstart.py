@@ -169,13 +169,13 @@ def main(argv: list[str] | None = None, **config_overrides: Any) -> int:
           f"{config.held_out} boxes x {config.eval_samples} every {config.eval_every} steps. Output: {out}",
           flush=True)
 
-    def on_step(row: dict[str, Any]) -> None:
-        if row["step"] == 0:
-            print(f"warm start done ({row.get('seconds', 0):.0f}s); verl's trainer is running", flush=True)
-        print(_step_line(row), flush=True)
+    def on_warm_start(seconds: float) -> None:
+        print(f"warm start done ({seconds:.0f}s); verl's trainer is starting (Ray, its workers, then the held-out "
+              f"evaluation of step 0)", flush=True)
 
-    result = run_verl_proof(config, out, on_step=on_step,
-                            overrides=[*checkpoint_overrides(config.rl_steps), *args.verl_override])
+    result = run_verl_proof(config, out, on_step=lambda row: print(_step_line(row), flush=True),
+                            overrides=[*checkpoint_overrides(config.rl_steps), *args.verl_override],
+                            on_warm_start=on_warm_start)
     summary = result.summary()
     if result.returncode != 0:
         tail = result.log_path.read_text(encoding="utf-8", errors="replace")[-3000:]

@@ -246,15 +246,18 @@ def prepare_verl_proof(config: ProofConfig, out_dir: Path) -> tuple[LearningProo
 
 
 def run_verl_proof(config: ProofConfig, out_dir: Path, on_step: Callable[[dict[str, Any]], None] | None = None,
-                   overrides: Sequence[str] = ()) -> VerlProofResult:
+                   overrides: Sequence[str] = (), on_warm_start: Callable[[float], None] | None = None) -> VerlProofResult:
     """Warm start as the local proof does, save the model, write the rows, train and validate with verl.
 
-    ``overrides`` are further Hydra overrides of the recipe, applied after ``verl_overrides``. Writes
+    ``overrides`` are further Hydra overrides of the recipe, applied after ``verl_overrides``;
+    ``on_warm_start`` gets the warm start's seconds before verl's trainer starts. Writes
     ``out_dir/warm_start_model/``, ``out_dir/data/``, ``out_dir/verl_metrics.jsonl`` (verl's file logger),
     ``out_dir/verl.log`` and ``out_dir/metrics.jsonl`` (the rows ``on_step`` gets).
     """
     started = time.perf_counter()
     proof, losses, warm_seconds = prepare_verl_proof(config, out_dir)
+    if on_warm_start is not None:
+        on_warm_start(warm_seconds)
     del proof  # the verl run loads its own copies; free this one (and its GPU memory)
     gc.collect()
     _empty_device_cache(config.device)

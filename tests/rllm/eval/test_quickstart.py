@@ -55,12 +55,16 @@ def test_the_quickstart_trains_through_verls_trainer_and_evaluates_the_trained_p
     # Live progress: a line per step with its reward, lookups and held-out reward.
     lines = [line for line in printed.out.splitlines() if line.startswith("step ")]
     assert [line.split()[1] for line in lines] == ["0", "1", "2"]
+    said = printed.out.splitlines()
+    warm = next(i for i, line in enumerate(said) if line.startswith("warm start done"))
+    assert warm < said.index(lines[0])  # said when it ends, not when verl's first evaluation arrives
     assert all("held-out reward" in line for line in lines) and "reward" in lines[1] and "lookups/episode" in lines[1]
 
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["trainer"] == "verl" and summary["steps"] == 2 and summary["passed"] is False
     assert 0.0 <= summary["eval_reward_before"] <= 1.0 and 0.0 <= summary["eval_reward_after"] <= 1.0
     assert summary["seconds"] > summary["verl_seconds"] > 0
+    assert abs(float(said[warm].split("(")[1].split("s)")[0]) - summary["warm_start_seconds"]) <= 1, said[warm]
     assert summary["first_logprob_gap_max"] < 1e-3  # the audited rollouts were served the trained weights
     verl_lines = [json.loads(line) for line in (tmp_path / "verl_metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in verl_lines] == [0, 1, 2]
