@@ -246,7 +246,8 @@ def prepare_verl_proof(config: ProofConfig, out_dir: Path) -> tuple[LearningProo
 
 
 def run_verl_proof(config: ProofConfig, out_dir: Path, on_step: Callable[[dict[str, Any]], None] | None = None,
-                   overrides: Sequence[str] = (), on_warm_start: Callable[[float], None] | None = None) -> VerlProofResult:
+                   overrides: Sequence[str] = (),
+                   on_warm_start: Callable[[float], None] | None = None) -> VerlProofResult:
     """Warm start as the local proof does, save the model, write the rows, train and validate with verl.
 
     ``overrides`` are further Hydra overrides of the recipe, applied after ``verl_overrides``;
