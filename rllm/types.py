@@ -23,7 +23,8 @@ class TerminationReason(str, enum.Enum):
     ``TIMEOUT`` are infrastructure failures: training masks them and evaluation reports them apart
     from wrong answers. ``CANCELLED`` is not infrastructure (not retried) but is not an outcome of the
     policy either: never scored, never trained. ``ERROR`` is an unexpected exception (a bug or a
-    misconfiguration), never masked.
+    misconfiguration): never masked (training raises it), and never scored as the policy's mistake
+    (evaluation counts it apart and stops once the same error repeats).
     """
 
     FINISHED = "finished"
@@ -45,8 +46,8 @@ class TerminationReason(str, enum.Enum):
 
     @property
     def is_scored(self) -> bool:
-        """True when the episode is the policy's outcome (scored, trained on): not infrastructure, not cancelled."""
-        return not self.is_infrastructure_failure and self is not TerminationReason.CANCELLED
+        """True when the episode is the policy's outcome (scored, trained on): no infrastructure, cancel or error."""
+        return not self.is_infrastructure_failure and self not in (TerminationReason.CANCELLED, TerminationReason.ERROR)
 
 
 class _Record(BaseModel):

@@ -53,7 +53,7 @@ def _level_row() -> dict[str, Any]:
 
 
 def build_report(episodes: list[Episode], tasks: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
-    """Accuracy per level and overall (infrastructure failures and hidden answers left out), and per-task rows."""
+    """Accuracy per level and overall (infrastructure failures, errors, hidden answers left out), per-task rows."""
     levels = {str(level): _level_row() for level in GAIA_LEVELS}
     overall = _level_row()
     rows: list[dict[str, Any]] = []

@@ -100,7 +100,7 @@ def evaluate_trained_policy(model_dir: Path, tokenizer_dir: Path, config: Any, e
                             progress: bool = False) -> dict[str, Any]:
     """The held-out boxes, ``eval_samples`` rollouts each, through ``AgentWorkflowEngine``; reward and tool use."""
     episodes = asyncio.run(_evaluate(model_dir, tokenizer_dir, config, episodes_path, progress))
-    scored = [e for e in episodes if not e.termination_reason.is_infrastructure_failure]
+    scored = [e for e in episodes if e.termination_reason.is_scored]
     lookups = [e.metrics.get("tool_calls", 0.0) for e in episodes]
     return {
         "episodes": len(episodes),

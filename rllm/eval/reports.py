@@ -25,9 +25,9 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 def search_report(episodes: list[Episode]) -> dict[str, Any]:
     """Exact match, F1, pass@k, mean turns and tool calls, termination reasons.
 
-    Infrastructure failures (engine errors, aborted generations, timeouts) and cancelled episodes are
-    counted apart and left out of every score; any other unfinished episode (max turns, max tokens,
-    errors) scores 0.
+    Infrastructure failures (engine errors, aborted generations, timeouts), errors (a bug, not the
+    policy's mistake) and cancelled episodes are counted apart and left out of every score; any other
+    unfinished episode (max turns, max tokens) scores 0.
     """
     scored = [e for e in episodes if e.termination_reason.is_scored]
     per_task: dict[str, list[bool]] = defaultdict(list)
@@ -49,6 +49,7 @@ def search_report(episodes: list[Episode]) -> dict[str, Any]:
         "tasks": len({str(e.info.get("task_id", e.id)) for e in episodes}),
         "scored": len(scored),
         "infrastructure_failures": sum(e.termination_reason.is_infrastructure_failure for e in episodes),
+        "errors": sum(e.termination_reason is TerminationReason.ERROR for e in episodes),
         "cancelled": sum(e.termination_reason is TerminationReason.CANCELLED for e in episodes),
         "exact_match": mean([float(e.is_correct) for e in scored]),
         "f1": mean([float((e.info.get("reward") or {}).get("f1", 0.0)) for e in scored]),
@@ -68,6 +69,8 @@ def print_report(report: dict[str, Any], console: Console, title: str = "HotpotQ
     scores.add_row("episodes (tasks)", f"{report['episodes']} ({report['tasks']})")
     scores.add_row("scored", str(report["scored"]))
     scores.add_row("infrastructure failures (not scored)", str(report["infrastructure_failures"]))
+    if report.get("errors"):
+        scores.add_row("errors (a bug, not scored)", str(report["errors"]))
     if report.get("cancelled"):
         scores.add_row("cancelled (not scored)", str(report["cancelled"]))
     scores.add_row("exact match", f"{report['exact_match']:.3f}")

@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     console.print(Panel(format_trajectory(_sample(episodes), width=max(60, console.width - 4)),
                         title="sample trajectory", title_align="left"),
                   highlight=False)
-    correct = sum(e.is_correct for e in episodes if not e.termination_reason.is_infrastructure_failure)
+    correct = sum(e.is_correct for e in episodes if e.termination_reason.is_scored)
     reasons = ", ".join(f"{reason} {count}" for reason, count in report["termination_reasons"].items())
     plumbing = "   (plumbing with random weights: the scores mean nothing)" if args.random_weights else ""
     console.print(f"accuracy (exact match): {correct}/{report['scored']} = {report['exact_match']:.3f}   "

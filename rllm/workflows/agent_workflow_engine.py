@@ -11,7 +11,8 @@ Guarantees:
   unreachable, 5xx, timeouts) is rerun from a fresh reset up to ``retry_limit`` times; a wrong
   answer or any other reason is final. Failures left after the retries keep their reason and are
   reported apart from wrong answers, never scored as wrong. A cancelled rollout is final and
-  never scored either (counted apart).
+  never scored either (counted apart), nor is an unexpected error (``ERROR``, counted apart: a bug
+  is not the policy's mistake).
 * **Streaming and resume.** Each episode is appended to ``output_path`` (JSONL, one flushed line
   per episode, ``info`` carrying ``task_id``, ``rollout_index`` and ``attempts``) as it finishes.
   A rerun with the same path loads the finished pairs and runs only the rest; Ctrl-C keeps every
@@ -55,11 +56,12 @@ _Key = tuple[str, int]
 
 @dataclass
 class RolloutStats:
-    """Counts over finished episodes; accuracy leaves infrastructure failures and cancelled episodes out."""
+    """Counts over finished episodes; accuracy leaves infrastructure failures, errors and cancelled episodes out."""
 
     total: int = 0
     correct: int = 0
     infrastructure_failures: int = 0
+    errors: int = 0
     cancelled: int = 0
     reasons: Counter[str] = field(default_factory=Counter)
 
@@ -70,6 +72,8 @@ class RolloutStats:
         self.reasons[reason.value] += 1
         if reason.is_infrastructure_failure:
             self.infrastructure_failures += 1
+        elif reason is TerminationReason.ERROR:
+            self.errors += 1
         elif not reason.is_scored:
             self.cancelled += 1
         elif episode.is_correct:
@@ -78,7 +82,7 @@ class RolloutStats:
     @property
     def scored(self) -> int:
         """Episodes that count towards accuracy."""
-        return self.total - self.infrastructure_failures - self.cancelled
+        return self.total - self.infrastructure_failures - self.errors - self.cancelled
 
     @property
     def accuracy(self) -> float:
@@ -88,7 +92,7 @@ class RolloutStats:
     @property
     def failures(self) -> int:
         """Episodes that did not finish normally: infrastructure failures and errors."""
-        return self.infrastructure_failures + self.reasons[TerminationReason.ERROR.value]
+        return self.infrastructure_failures + self.errors
 
 
 def summarize(episodes: list[Episode]) -> RolloutStats:

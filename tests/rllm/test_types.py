@@ -66,5 +66,5 @@ def test_infrastructure_failures_are_marked() -> None:
 def test_only_the_policys_outcomes_are_scored() -> None:
     unscored = {r for r in TerminationReason if not r.is_scored}
     assert unscored == {TerminationReason.ENGINE_ERROR, TerminationReason.TOOL_BACKEND_ERROR,
-                        TerminationReason.TIMEOUT, TerminationReason.CANCELLED}
+                        TerminationReason.TIMEOUT, TerminationReason.CANCELLED, TerminationReason.ERROR}
     assert not TerminationReason.CANCELLED.is_infrastructure_failure  # never retried

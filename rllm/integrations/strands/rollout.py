@@ -89,7 +89,7 @@ class RolloutEnd:
 
     @property
     def scored(self) -> bool:
-        """Whether it is the policy's outcome, to score and train on: neither infrastructure nor cancelled."""
+        """Whether it is the policy's outcome, to score and train on: not infrastructure, cancelled or an error."""
         return self.reason.is_scored
 
 

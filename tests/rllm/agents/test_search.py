@@ -138,6 +138,10 @@ def test_pass_at_k_and_report_leave_infrastructure_failures_out() -> None:
     assert report["pass@2"] == pytest.approx(1.0)  # only task a has two scored rollouts
     assert report["termination_reasons"] == {"finished": 3, "engine_error": 1, "max_turns": 1}
 
+    # A bug (an error episode) is counted apart, not scored as the policy's wrong answer.
+    with_bug = reports.search_report([*episodes, ep("c", 1, False, TerminationReason.ERROR)])
+    assert with_bug["errors"] == 1 and with_bug["scored"] == 4 and with_bug["exact_match"] == pytest.approx(1 / 4)
+
 
 def test_scripted_policy_searches_then_answers_from_titles() -> None:
     first = scripted_search_reply({"messages": [{"role": "system", "content": "s"},

@@ -209,7 +209,8 @@ async def test_raising_workflow_yields_an_error_episode(serve) -> None:
         assert episode.info["error"] == f"RuntimeError: boom on {episode.task['id']}"
         assert "RuntimeError" in episode.info["traceback"] and episode.info["attempts"] == 1
         assert not episode.is_correct
-    assert engine.stats.failures == 4 and engine.stats.scored == 4
+    # A bug is not the policy's mistake: counted apart, never scored as a wrong answer.
+    assert engine.stats.failures == engine.stats.errors == 4 and engine.stats.scored == 0
 
 
 async def test_rejected_request_is_an_error_with_partial_steps_and_no_retry(serve) -> None:
@@ -373,7 +374,7 @@ async def test_cancellation_keeps_finished_episodes(serve, tmp_path: Path) -> No
     assert Episode.model_validate_json(line).info["task_id"] == "q-france"
 
 
-def test_summarize_reports_infrastructure_failures_apart() -> None:
+def test_summarize_reports_infrastructure_failures_and_errors_apart() -> None:
     episodes = [
         Episode(id="a", is_correct=True),
         Episode(id="b", is_correct=False),
@@ -381,5 +382,5 @@ def test_summarize_reports_infrastructure_failures_apart() -> None:
         Episode(id="d", termination_reason=TerminationReason.ERROR),
     ]
     stats = summarize(episodes)
-    assert (stats.total, stats.scored, stats.correct, stats.infrastructure_failures) == (4, 3, 1, 1)
-    assert stats.accuracy == pytest.approx(1 / 3) and stats.failures == 2
+    assert (stats.total, stats.scored, stats.correct, stats.infrastructure_failures, stats.errors) == (4, 2, 1, 1, 1)
+    assert stats.accuracy == pytest.approx(1 / 2) and stats.failures == 2  # the error is not a wrong answer
