@@ -133,10 +133,35 @@ def check_launch(config: DictConfig) -> None:
     if bypass and not OmegaConf.select(config, "actor_rollout_ref.rollout.calculate_log_probs", default=True):
         raise ValueError("algorithm.rollout_correction.bypass_mode=true trains against the rollout's log-probs, "
                          "which actor_rollout_ref.rollout.calculate_log_probs=false does not return")
+    check_micro_batches(config)
     check_runtime_env(config)
     if cpu_mode():
         check_precision(config)
     check_agent_loops(config)
+
+
+def check_micro_batches(config: DictConfig) -> None:
+    """Refuse a fixed actor micro-batch that does not divide the rows a mini-batch puts on each GPU.
+
+    verl's v1 actor takes mini-batches of ``ppo_mini_batch_size x rollout.n`` rows (a split rollout's
+    samples are rows of their own; verl pads the step's rows to whole mini-batches) and asserts at the
+    first update, minutes into the run, when a GPU's share is not whole micro-batches. verl checks this
+    only for the deprecated ``ppo_micro_batch_size``.
+    """
+    actor = config.actor_rollout_ref.actor
+    micro = OmegaConf.select(actor, "ppo_micro_batch_size_per_gpu")
+    if OmegaConf.select(actor, "use_dynamic_bsz", default=False) or micro is None:
+        return
+    mini, n = int(actor.ppo_mini_batch_size), int(config.actor_rollout_ref.rollout.n)
+    sequence_parallel = int(OmegaConf.select(actor, "ulysses_sequence_parallel_size", default=1) or 1)
+    gpus = int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes) // sequence_parallel
+    rows = mini * n
+    if rows % gpus or (rows // gpus) % int(micro):
+        raise ValueError(f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro} does not divide the "
+                         f"{rows / gpus:g} rows an actor mini-batch puts on each of its {gpus} data-parallel rank(s) "
+                         f"(actor.ppo_mini_batch_size={mini} x rollout.n={n}): verl's actor would stop at the first "
+                         "update; choose a micro-batch that divides it, or set "
+                         "actor_rollout_ref.actor.use_dynamic_bsz=true")
 
 
 def validate(config: DictConfig) -> None:

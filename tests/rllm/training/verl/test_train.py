@@ -233,12 +233,15 @@ def test_launcher_dry_run_never_prints_the_token() -> None:
     ("trainer.v1.trainer_mode=sync", "trainer.v1.trainer_mode=sync: the launcher runs .*trainer_mode=rllm_sync"),
     ("actor_rollout_ref.rollout.calculate_log_probs=false", "bypass_mode=true trains against the rollout's log-probs"),
     ("+rllm.guards.max_gap=1", r"unknown keys \['rllm.guards.max_gap'\]"),
+    ("actor_rollout_ref.actor.use_dynamic_bsz=false actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=48",
+     r"ppo_micro_batch_size_per_gpu=48 does not divide the 16 rows .* each of its 8 data-parallel rank\(s\) "
+     r"\(actor.ppo_mini_batch_size=16 x rollout.n=8\)"),
 ])
 def test_what_would_not_be_real_training_is_refused_at_launch(override: str, message: str) -> None:
     from rllm.training.verl.train import check_launch
 
     with pytest.raises(ValueError, match=message):
-        check_launch(prepare_config(compose(override)))
+        check_launch(prepare_config(compose(*override.split())))
 
 
 def test_the_cpu_mode_refuses_half_precision_at_launch(monkeypatch) -> None:
