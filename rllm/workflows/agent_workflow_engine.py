@@ -61,7 +61,6 @@ class RolloutStats:
     total: int = 0
     correct: int = 0
     infrastructure_failures: int = 0
-    errors: int = 0
     cancelled: int = 0
     reasons: Counter[str] = field(default_factory=Counter)
 
@@ -72,12 +71,15 @@ class RolloutStats:
         self.reasons[reason.value] += 1
         if reason.is_infrastructure_failure:
             self.infrastructure_failures += 1
-        elif reason is TerminationReason.ERROR:
-            self.errors += 1
-        elif not reason.is_scored:
+        elif reason is TerminationReason.CANCELLED:
             self.cancelled += 1
-        elif episode.is_correct:
+        elif reason.is_scored and episode.is_correct:
             self.correct += 1
+
+    @property
+    def errors(self) -> int:
+        """Episodes ended by an unexpected error (a bug or a misconfiguration): not scored, not infrastructure."""
+        return self.reasons[TerminationReason.ERROR.value]
 
     @property
     def scored(self) -> int:
