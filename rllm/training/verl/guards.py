@@ -77,6 +77,8 @@ class GuardSettings:
         max_truncated_share: Largest share of responses cut at ``response_length``.
         max_steps_without_signal: Steps in a row with a constant reward in every group before stopping.
         warn_on_tool_collapse: Warn when tool calls per episode fall to zero after being above it.
+        served_weights: After every weight sync, compare what the rollout servers serve with the actor's
+            parameters (``rllm.training.verl.served_weights``).
     """
 
     max_logprob_gap: float | None = 0.1
@@ -85,6 +87,7 @@ class GuardSettings:
     max_truncated_share: float | None = 0.5
     max_steps_without_signal: int | None = 3
     warn_on_tool_collapse: bool = True
+    served_weights: bool = True
 
     @classmethod
     def from_mapping(cls, values: dict[str, Any] | None) -> GuardSettings:

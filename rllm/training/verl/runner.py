@@ -7,7 +7,7 @@ rollout guards of ``rllm.training.verl.guards`` once verl has the audited log-pr
 update), RLOO counted per rollout when a rollout came back as several samples
 (``rllm.training.verl.advantage``), the loss guard right after the update (before the checkpoint
 and the weight sync), and after every weight sync the served weights compared with the actor's by fingerprint
-(``rllm.training.verl.served_weights``, embedded backend). A stop logs the step's metrics
+(``rllm.training.verl.served_weights``: the embedded backend, vLLM, SGLang). A stop logs the step's metrics
 first, so the tracker shows what stopped it, and ends the run with ``TrainingGuardError`` naming the
 step. ``GuardedTaskRunner`` is verl's ``TaskRunnerV1``, which ``rllm.training.verl.train`` hands to
 verl's ``run_ppo``; it imports this module in the task runner's process, where verl looks the
@@ -31,7 +31,6 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
 from rllm.errors import TrainingGuardError
 from rllm.training.verl.advantage import check_split_rollouts, split_rollouts
-from rllm.training.verl.embedded import BACKEND_NAME
 from rllm.training.verl.guards import (
     GUARDED_MODE,
     GUARDS_KEY,
@@ -43,7 +42,7 @@ from rllm.training.verl.guards import (
     summary_line,
     zero_advantage_share,
 )
-from rllm.training.verl.served_weights import ServedWeightsCheck, actor_fingerprint, served_fingerprints
+from rllm.training.verl.served_weights import ServedWeightsCheck, actor_fingerprint, served_weights
 from rllm.training.verl.step_batch import (
     LogProbPairs,
     audit_logprob_pairs,
@@ -96,12 +95,13 @@ class GuardedTrainer(PPOTrainerSync):
 
     # ------------------------------------------------------------------ weights
     def _check_served_weights(self) -> None:
-        """After a sync: the embedded servers' weights are the actor's, tensor by tensor."""
-        if OmegaConf.select(self.config, "actor_rollout_ref.rollout.name") != BACKEND_NAME:
+        """After a sync: the rollout servers serve the actor's weights (``rllm.training.verl.served_weights``)."""
+        if not self._guards.settings.served_weights:
             return
-        dtype = str(self.config.actor_rollout_ref.rollout.dtype)
-        self._weight_metrics = self._served.check(self.global_steps, actor_fingerprint(self.actor_rollout_wg, dtype),
-                                                  served_fingerprints())
+        rollout = self.config.actor_rollout_ref.rollout
+        self._weight_metrics = self._served.check(
+            self.global_steps, actor_fingerprint(self.actor_rollout_wg, str(rollout.dtype)),
+            served_weights(str(rollout.name), self))
 
     def on_init_end(self) -> None:
         super().on_init_end()

@@ -7,9 +7,10 @@ actor's stops the run with the step and the tensor's name: a sync that re-sent o
 one, merged a LoRA adapter wrongly or cast it differently. Transport checks (what arrived equals what
 was sent) cannot see an update that never reached the sender; this can.
 
-Implemented for the embedded backend (``rllm_embedded``). vLLM and SGLang serve fused tensors under
-their own names (``qkv_proj``, ``gate_up_proj``); their fingerprint is not written (see the README's
-guard table): the log-prob gap guard is their check.
+The embedded backend (``rllm_embedded``) and vLLM with one tensor-parallel rank answer in the actor's
+names and digests: compared value for value. SGLang, and vLLM over several ranks, answer in their own
+names and digests (``rllm.training.verl.engine_weights``): each served tensor must change exactly when
+the actor parameters it is made of change. ``rllm.guards.served_weights: false`` turns the check off.
 """
 
 from __future__ import annotations
@@ -22,13 +23,16 @@ import ray
 import torch
 
 from rllm.errors import TrainingGuardError
-from rllm.training.verl.embedded import server_name, serving_dtype
+from rllm.training.verl.embedded import BACKEND_NAME, server_name, serving_dtype
+from rllm.training.verl.engine_weights import ServedWeights, sglang_served_weights, vllm_served_weights
 from rllm.training.verl.fingerprint import WeightFingerprint
-from rllm.training.verl.verl_internals import actor_module, call_on_actor
+from rllm.training.verl.verl_internals import actor_module, call_on_actor, rollout_replicas
 
 logger = logging.getLogger(__name__)
 
 PREFIX = "rllm/weights/"
+READERS = (BACKEND_NAME, "vllm", "sglang")
+"""The rollout backends (``rollout.name``) whose served weights rllm reads."""
 
 
 def _gathered(module: Any) -> Iterator[tuple[str, torch.Tensor]]:
@@ -56,44 +60,91 @@ def actor_fingerprint(worker_group: Any, dtype_name: str) -> WeightFingerprint:
     return WeightFingerprint(next(a for a in answers if a is not None))
 
 
-def served_fingerprints() -> list[WeightFingerprint]:
+def embedded_served_weights() -> list[ServedWeights]:
     """Every embedded rollout server's fingerprint of the weights it serves now, by replica."""
-    found: list[WeightFingerprint] = []
+    found: list[ServedWeights] = []
     while True:
         try:
             server = ray.get_actor(server_name(len(found)))
         except ValueError:
             return found
-        found.append(WeightFingerprint(ray.get(server.weights_fingerprint.remote())))
+        found.append(ServedWeights(WeightFingerprint(ray.get(server.weights_fingerprint.remote()))))
+
+
+def served_weights(rollout_name: str, trainer: Any) -> list[ServedWeights]:
+    """What every rollout replica of ``trainer`` serves now, read the way its backend allows."""
+    if rollout_name == BACKEND_NAME:
+        return embedded_served_weights()
+    replicas = rollout_replicas(trainer)
+    if rollout_name == "vllm":
+        return vllm_served_weights([list(replica.servers) for replica in replicas])
+    if rollout_name == "sglang":
+        return sglang_served_weights([replica.server_address for replica in replicas])
+    raise ValueError(f"actor_rollout_ref.rollout.name={rollout_name}: rllm reads the served weights of {READERS} "
+                     "only; set rllm.guards.served_weights=false to train without the check")
 
 
 class ServedWeightsCheck:
     """Compares the served weights with the actor's after each sync; stops on a difference.
 
     Attributes:
-        previous: The served fingerprint's digest after the previous sync, per replica.
+        previous: The served fingerprints after the previous sync, per replica.
+        previous_actor: The actor's fingerprint at the previous sync.
     """
 
     def __init__(self) -> None:
-        self.previous: list[str] = []
+        self.previous: list[WeightFingerprint] = []
+        self.previous_actor: WeightFingerprint | None = None
 
-    def check(self, step: int, actor: WeightFingerprint, served: list[WeightFingerprint]) -> dict[str, float]:
-        """Metrics of this sync; ``TrainingGuardError`` naming the step and the first differing tensor."""
+    def check(self, step: int, actor: WeightFingerprint, served: list[ServedWeights]) -> dict[str, float]:
+        """Metrics of this sync; ``TrainingGuardError`` naming the step, the replica and the first wrong tensor."""
         if not served:
             raise TrainingGuardError(f"step {step}: no rollout server answered with the weights it serves", step=step)
-        for replica, fingerprint in enumerate(served):
-            different = fingerprint.differences(actor)
-            if different:
-                missing = [n for n in different if n not in actor.tensors]
-                what = (f"{different[0]} is not among the actor's parameters" if different[0] in missing
-                        else f"{different[0]} differs from the actor's")
+        for replica, report in enumerate(served):
+            problem = (_not_equal(report.fingerprint, actor) if report.exact
+                       else self._not_following(replica, report, actor))
+            if problem:
                 raise TrainingGuardError(
                     f"step {step}: after the weight sync, rollout server {replica} serves weights that are not the "
-                    f"actor's: {what} ({len(different)} of {len(fingerprint.tensors)} tensors differ); the rollouts "
-                    "would sample from a policy that is not the one being trained", step=step)
-        digests = [f.digest for f in served]
-        changed = float(bool(self.previous) and digests != self.previous)
-        self.previous = digests
-        logger.info("step %d: the served weights are the actor's (fingerprint %s)", step, digests[0][:12])
+                    f"actor's: {problem}; the rollouts would sample from a policy that is not the one being trained",
+                    step=step)
+        digests = [report.fingerprint.digest for report in served]
+        changed = float(bool(self.previous) and digests != [f.digest for f in self.previous])
+        self.previous = [report.fingerprint for report in served]
+        self.previous_actor = actor
+        exact = all(report.exact for report in served)
+        logger.info("step %d: the served weights %s (fingerprint %s)", step,
+                    "are the actor's" if exact else "changed with the actor's", digests[0][:12])
         return {f"{PREFIX}fingerprint_match": 1.0, f"{PREFIX}changed": changed, f"{PREFIX}replicas": float(len(served)),
-                f"{PREFIX}version": float(step)}
+                f"{PREFIX}version": float(step), f"{PREFIX}exact": float(exact)}
+
+    def _not_following(self, replica: int, report: ServedWeights, actor: WeightFingerprint) -> str:
+        """What in an engine-named report did not change with the actor since the previous sync ("" when all did)."""
+        parts = {name: report.actor_parts(name, actor.tensors) for name in report.fingerprint.tensors}
+        unmapped = sorted(name for name, found in parts.items() if found is None)
+        if unmapped:
+            return (f"rllm cannot tell which actor parameters its tensor {unmapped[0]} is made of ({len(unmapped)} "
+                    "such tensors), so it cannot check them; set rllm.guards.served_weights=false to train without "
+                    "the check")
+        if self.previous_actor is None or replica >= len(self.previous):
+            return ""
+        before, actor_before = self.previous[replica].tensors, self.previous_actor.tensors
+        for name, digest in sorted(report.fingerprint.tensors.items()):
+            moved = before.get(name) != digest
+            actor_moved = [part for part in parts[name] or [] if actor_before.get(part) != actor.tensors[part]]
+            if actor_moved and not moved:
+                return (f"{name} is the one it served before the sync although the actor's {actor_moved[0]} changed "
+                        "(the update did not arrive)")
+            if moved and not actor_moved:
+                return f"{name} changed although the actor's {', '.join(parts[name] or [])} did not"
+        return ""
+
+
+def _not_equal(served: WeightFingerprint, actor: WeightFingerprint) -> str:
+    """What in an actor-named fingerprint differs from the actor's ("" when nothing does)."""
+    different = served.differences(actor)
+    if not different:
+        return ""
+    what = (f"{different[0]} is not among the actor's parameters" if different[0] not in actor.tensors
+            else f"{different[0]} differs from the actor's")
+    return f"{what} ({len(different)} of {len(served.tensors)} tensors differ)"

@@ -135,9 +135,29 @@ def check_launch(config: DictConfig) -> None:
                          "which actor_rollout_ref.rollout.calculate_log_probs=false does not return")
     check_micro_batches(config)
     check_runtime_env(config)
+    if guards.served_weights:
+        check_served_weights(config)
     if cpu_mode():
         check_precision(config)
     check_agent_loops(config)
+
+
+def check_served_weights(config: DictConfig) -> None:
+    """Refuse a backend whose served weights rllm cannot read, and vLLM without what lets rllm ask its workers."""
+    from rllm.training.verl.engine_weights import VLLM_RPC_ENV
+    from rllm.training.verl.served_weights import READERS
+
+    name = str(OmegaConf.select(config, "actor_rollout_ref.rollout.name"))
+    if name not in READERS:
+        raise ValueError(f"actor_rollout_ref.rollout.name={name}: rllm compares the served weights with the actor's "
+                         f"after every sync for {list(READERS)} only; set rllm.guards.served_weights=false to train "
+                         "without that check")
+    env_vars = OmegaConf.select(config, "ray_kwargs.ray_init.runtime_env.env_vars", default=None) or {}
+    if name == "vllm" and str(env_vars.get(VLLM_RPC_ENV, os.environ.get(VLLM_RPC_ENV, ""))) != "1":
+        raise ValueError(f"actor_rollout_ref.rollout.name=vllm with rllm.guards.served_weights on: vLLM runs rllm's "
+                         f"fingerprint in its workers only with {VLLM_RPC_ENV}=1 (pickle between the engine's own "
+                         f"processes); set ray_kwargs.ray_init.runtime_env.env_vars.{VLLM_RPC_ENV}='1' as the vLLM "
+                         "recipe does, or rllm.guards.served_weights=false")
 
 
 def check_micro_batches(config: DictConfig) -> None:

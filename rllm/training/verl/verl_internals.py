@@ -18,7 +18,10 @@ task runner (``run_ppo``'s argument). What it does not offer, rllm takes from he
 * ``call_on_actor``: Ray's ``__ray_call__``, which runs a function on a live actor (the FSDP workers'
   node and device, their parameters' fingerprint);
 * ``actor_module``: the FSDP actor's ``torch.nn.Module`` inside verl's fused worker
-  (``WorkerDict.worker_dict[...]`` -> ``ActorRolloutRefWorker.actor.engine.module``).
+  (``WorkerDict.worker_dict[...]`` -> ``ActorRolloutRefWorker.actor.engine.module``);
+* ``rollout_replicas``: the trainer's rollout replicas (``trainer.llm_server_manager.get_replicas()``),
+  whose ``servers`` (Ray actors, the node-rank-0 one first) and ``server_address`` the served-weights
+  check reads, with ``vLLMHttpServer.collective_rpc`` (``VLLM_SERVER_RPC``).
 
 ``check_verl_version`` is called when the plugin loads and again at launch, where a different verl
 stops the run: verl logs a failed plugin import only at DEBUG, so a mismatch must be loud here.
@@ -48,6 +51,11 @@ WORKER_ATTRIBUTES = ("background_tasks",)
 ACTOR_ROLES = ("actor_rollout", "actor_rollout_ref")
 """Keys of the actor (with rollout, and with the reference policy) worker in verl's fused ``WorkerDict``
 (``str(Role.ActorRollout)``, ``str(Role.ActorRolloutRef)``)."""
+
+VLLM_SERVER_RPC = ("verl.workers.rollout.vllm_rollout.vllm_async_server", "vLLMHttpServer", "collective_rpc",
+                   ("self", "method", "timeout", "args", "kwargs"))
+"""verl's vLLM server actor method that forwards a call to every vLLM worker (module, class, method, parameters);
+pinned from verl's source, which imports only where vLLM is installed."""
 
 
 def verl_version() -> str:
@@ -131,3 +139,8 @@ def actor_module(fused_worker: Any) -> Any:
     """The FSDP actor's module inside verl's fused worker (``WorkerDict``), for the actor-side weight fingerprint."""
     role = next(role for role in ACTOR_ROLES if role in fused_worker.worker_dict)
     return fused_worker.worker_dict[role].actor.engine.module
+
+
+def rollout_replicas(trainer: Any) -> list[Any]:
+    """The rollout replicas verl's v1 trainer serves from (``RolloutReplica``: ``servers``, ``server_address``)."""
+    return list(trainer.llm_server_manager.get_replicas())

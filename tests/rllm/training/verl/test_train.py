@@ -236,12 +236,26 @@ def test_launcher_dry_run_never_prints_the_token() -> None:
     ("actor_rollout_ref.actor.use_dynamic_bsz=false actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=48",
      r"ppo_micro_batch_size_per_gpu=48 does not divide the 16 rows .* each of its 8 data-parallel rank\(s\) "
      r"\(actor.ppo_mini_batch_size=16 x rollout.n=8\)"),
+    ("actor_rollout_ref.rollout.name=trtllm", r"rollout.name=trtllm: rllm compares the served weights with the "
+                                              r"actor's .* for \['rllm_embedded', 'vllm', 'sglang'\] only; set "
+                                              r"rllm.guards.served_weights=false"),
+    ("~ray_kwargs.ray_init.runtime_env.env_vars.VLLM_ALLOW_INSECURE_SERIALIZATION",
+     r"rollout.name=vllm with rllm.guards.served_weights on: .*VLLM_ALLOW_INSECURE_SERIALIZATION=1"),
 ])
 def test_what_would_not_be_real_training_is_refused_at_launch(override: str, message: str) -> None:
     from rllm.training.verl.train import check_launch
 
     with pytest.raises(ValueError, match=message):
         check_launch(prepare_config(compose(*override.split())))
+
+
+def test_the_served_weights_check_turned_off_is_a_setting_the_launcher_accepts(monkeypatch) -> None:
+    from rllm.training.verl.train import check_launch
+
+    monkeypatch.delenv("VLLM_ALLOW_INSECURE_SERIALIZATION", raising=False)
+    check_launch(prepare_config(compose()))  # the vLLM recipe sets what its check needs
+    check_launch(prepare_config(compose("actor_rollout_ref.rollout.name=trtllm", "rllm.guards.served_weights=false",
+                                        "~ray_kwargs.ray_init.runtime_env.env_vars.VLLM_ALLOW_INSECURE_SERIALIZATION")))
 
 
 def test_the_cpu_mode_refuses_half_precision_at_launch(monkeypatch) -> None:

@@ -138,3 +138,31 @@ def test_a_function_runs_on_a_live_ray_actor() -> None:
         cwd=REPO)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.strip().splitlines()[-1] == "42"
+
+
+def test_the_rollout_replicas_and_their_servers_are_where_the_served_weights_check_reads_them() -> None:
+    import ast
+
+    import verl
+    from verl.trainer.ppo.v1 import trainer_base
+    from verl.workers.rollout.llm_server import LLMServerManager
+    from verl.workers.rollout.replica import RolloutReplica
+
+    assert "self.llm_server_manager: LLMServerManager = LLMServerManager.create(" in inspect.getsource(trainer_base)
+    assert "return self.rollout_replicas" in inspect.getsource(LLMServerManager.get_replicas)
+    assert "self.servers: list[ActorHandle] = []" in inspect.getsource(RolloutReplica.__init__)
+    assert isinstance(RolloutReplica.server_address, property)
+    trainer = type("Trainer", (), {"llm_server_manager": type("M", (), {"get_replicas": lambda self: ["r"]})()})()
+    assert verl_internals.rollout_replicas(trainer) == ["r"]
+    # verl's vLLM and SGLang servers import only where those engines are installed: pinned from their source.
+    root = Path(verl.__file__).parent / "workers" / "rollout"
+    module, cls, method, parameters = verl_internals.VLLM_SERVER_RPC
+    source = (root / "vllm_rollout" / "vllm_async_server.py").read_text()
+    assert module == "verl.workers.rollout.vllm_rollout.vllm_async_server"
+    server = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == cls)
+    rpc = next(n for n in server.body if isinstance(n, ast.AsyncFunctionDef) and n.name == method)
+    assert tuple(a.arg for a in rpc.args.args + rpc.args.kwonlyargs) == parameters
+    assert "await self.engine.collective_rpc(" in ast.get_source_segment(source, rpc)  # reaches vLLM's workers
+    assert "self._server_handle = self.servers[0]" in source  # the first server leads the replica
+    sglang = (root / "sglang_rollout" / "async_sglang_server.py").read_text()
+    assert 'else f"{server_address}:{server_port}"' in sglang  # replica.server_address is SGLang's HTTP server
