@@ -120,6 +120,12 @@ class VerlEngine(TokenEngine):
     def _budget(self, prompt_ids: list[int], max_new_tokens: int, session: TokenSession) -> int:
         first_prompt = session.trace.prompt_length
         if self.prompt_length is not None and first_prompt > self.prompt_length:
+            sample = len(session.samples)
+            if sample > 1:  # verl stores each sample as a row whose prompt must fit rollout.prompt_length
+                raise PromptTooLongError(
+                    f"sample {sample} of the rollout starts with a history the conversation manager rewrote: its "
+                    f"prompt has {first_prompt} tokens but rollout.prompt_length is {self.prompt_length}; raise "
+                    "data.max_prompt_length to hold the trimmed history, or trim it further")
             raise PromptTooLongError(
                 f"the first prompt has {first_prompt} tokens but rollout.prompt_length is {self.prompt_length}: "
                 "raise data.max_prompt_length or shorten the system prompt, tools or question"

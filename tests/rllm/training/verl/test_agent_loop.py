@@ -469,6 +469,26 @@ async def test_a_users_agent_whose_history_is_rewritten_is_stored_by_verl_as_one
     assert [sum(scores.tolist()) for scores in put["fields"]["rm_scores"]] == [1.0] * len(outputs)
 
 
+async def test_a_rewritten_history_longer_than_prompt_length_stops_naming_the_sample(tokenizer) -> None:
+    # verl stores each sample as a row whose prompt must fit rollout.prompt_length: a trimmed history may not.
+    def script(prompt: str) -> str:
+        return lookup_call("France") if prompt.count("<tool_response>") < 4 else "It is \\boxed{Paris}."
+
+    loop, _ = build_loop(tokenizer, FakeServerManager(tokenizer, script), tool_factory=None,
+                         agent_factory="fixtures.verl_loop:windowed_agent")
+    outputs = await loop.run(dict(SAMPLING), **row())
+    first, later = len(outputs[0].prompt_ids), max(len(o.prompt_ids) for o in outputs[1:])
+    assert later > first
+    loop, _ = build_loop(tokenizer, FakeServerManager(tokenizer, script), f"data.max_prompt_length={first}",
+                         tool_factory=None, agent_factory="fixtures.verl_loop:windowed_agent")
+    with pytest.raises(Exception, match=rf"sample \d of the rollout starts with a history the conversation "
+                                                 rf"manager rewrote: its prompt has \d+ tokens but "
+                                                 rf"rollout.prompt_length is {first}; raise data.max_prompt_length"
+                                                 ) as raised:  # Strands wraps a later call's error in its own
+        await loop.run(dict(SAMPLING), **row())
+    assert isinstance(raised.value, PromptTooLongError) or isinstance(raised.value.__cause__, PromptTooLongError)
+
+
 async def test_a_swarm_from_the_factory_is_one_rollout_whose_node_samples_verl_stores_as_rows(tokenizer,
                                                                                              monkeypatch) -> None:
     from fixtures.verl_loop import team_script

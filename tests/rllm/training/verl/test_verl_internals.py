@@ -2,7 +2,7 @@
 
 Each test fails if verl (or Ray) renames what rllm uses or stops calling it where rllm relies on it
 being called, so an upgrade cannot silently turn a guard, the embedded backend or the CPU mode off.
-The real CPU runs (``test_train_cpu.py``, ``test_guard_faults_*.py``, ``test_own_agent_cpu.py``, the
+The real CPU runs (``test_train_cpu.py``, ``test_guard_faults_*.py``, ``test_examples_cpu.py``, the
 quickstart's test) show the same seams working end to end.
 """
 

@@ -1,0 +1,166 @@
+"""The own-agent examples through verl's own trainer on CPU: two real RLOO steps each, on exactly their samples.
+
+``python -m rllm.training.verl.train --cpu`` on the shipped HotpotQA recipe, its agent replaced by an
+example's factory (``rllm.agent_loop.agent_factory``), against a real retrieval server (MiniLM index,
+bearer token):
+
+* ``examples/strands/windowed_search_agent.py``: a user's plain ``strands.Agent`` with Strands' default
+  ``SlidingWindowConversationManager()`` and whole passages: its second search overflows the context,
+  Strands trims the history and retries, and the rollout continues in a new sample;
+* ``examples/strands/search_team.py``: a Strands ``Graph`` of a researcher that searches and a writer
+  that answers, one episode with one trajectory per node.
+
+The rollout server plays a scripted policy from outside rllm (``fixtures.verl_faults``:
+``scripted_searches``: two searches per agent, then an answer), since a random tiny model never calls a
+tool; the tokens are Qwen's real tokenizer (first 8k ranks) and Qwen3's shipped template. Asserted:
+two steps done; the samples per rollout and per node; the rows verl trained on exactly the samples the
+loop returned (tokens and loss mask); one advantage per rollout on all its samples (``varied_score``
+gives a prompt's two rollouts 0 and 1: +1 and -1, where verl's own RLOO over rows would not).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("OTEL_SDK_DISABLED", "true")
+pytest.importorskip("verl", reason="verl is not installed: the examples' runs need the train extra")
+
+from rag.build_index import build_demo_index  # noqa: E402
+from rag.server import ServerSettings  # noqa: E402
+from rag.testing import RetrievalServer  # noqa: E402
+from rllm.agents.search import search_verl_rows  # noqa: E402
+from rllm.data.hotpotqa import load_hotpotqa  # noqa: E402
+from rllm.data.verl_rows import write_parquet  # noqa: E402
+from rllm.testing.chat_templates import load_chat_template  # noqa: E402
+from rllm.testing.qwen_tokenizer import QwenVocab, build_qwen_tokenizer  # noqa: E402
+from rllm.testing.tiny_models import build_tiny_qwen3  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[4]
+TESTS = REPO / "tests"
+pytestmark = [pytest.mark.timeout(1200), pytest.mark.slow]
+
+OVERRIDES = [
+    "data.train_batch_size=2", "data.max_prompt_length=1024", "data.max_response_length=2048",
+    "data.val_max_samples=2",
+    # The context (1000) holds the prompt (about 230 tokens) and one search's whole passages (about 420), not two;
+    # the prompt of a trimmed history (about 720) must fit data.max_prompt_length, since verl stores it as a row's.
+    "actor_rollout_ref.rollout.max_model_len=1000",
+    "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384",
+    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=16384",
+    "trainer.total_training_steps=2", "trainer.total_epochs=2", "trainer.val_before_train=false",
+    "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.logger=[console,file]",
+    "rllm.agent_loop.tool_factory=null",
+    "rllm.guards.max_logprob_gap=null",  # the scripted policy's log-probs are not the model's
+    "reward.custom_reward_function.reward_kwargs.scorer=fixtures.verl_faults:varied_score",
+    "++ray_kwargs.ray_init.include_dashboard=false",
+]
+
+
+@dataclass
+class Run:
+    """What one example's run left: exit status, output, verl's metrics, and what crossed verl per rollout."""
+
+    returncode: int
+    output: str
+    metrics: list[dict[str, Any]]
+    samples: list[dict[str, Any]]
+    rows: list[dict[str, Any]]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Rows, a tiny model on Qwen's tokenizer, the index and a retrieval server behind a token, shared by the runs."""
+    root = tmp_path_factory.mktemp("examples")
+    tasks = load_hotpotqa()
+    write_parquet(search_verl_rows(tasks[:2], "train"), root / "data" / "train.parquet")
+    write_parquet(search_verl_rows(tasks[2:4], "validation"), root / "data" / "validation.parquet")
+    tokenizer = build_qwen_tokenizer(load_chat_template("qwen3"), QwenVocab.QWEN_FIRST_8K)
+    build_tiny_qwen3(tokenizer, root / "model", seed=0, hidden_size=64, num_layers=2)
+    build_demo_index(root / "index", limit=200, progress=False)
+    token = "tok-" + secrets.token_hex(8)
+    with RetrievalServer(root / "index", ServerSettings(token=token)) as server:
+        yield root, server.base_url, token
+
+
+def _train(world: Any, factory: str, name: str) -> Run:
+    root, url, token = world
+    out = root / name
+    out.mkdir()
+    ray_dir = tempfile.mkdtemp(prefix="rllm-ray-")  # short: Ray's socket paths must fit in 107 bytes
+    env = {**os.environ, "RETRIEVAL_TOKEN": token, "RETRIEVAL_SERVER_URL": url, "HOTPOTQA_DIR": str(root / "data"),
+           "VERL_FILE_LOGGER_PATH": str(out / "metrics.jsonl"), "RAY_TMPDIR": ray_dir, "TOKENIZERS_PARALLELISM": "false",
+           "VERL_USE_EXTERNAL_MODULES": "fixtures.verl_faults", "RLLM_TEST_FAULT": "scripted_searches",
+           "RLLM_TEST_FAULT_DIR": str(out), "RAY_DEDUP_LOGS": "0",
+           "PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS), str(REPO / "examples" / "strands"),
+                                          os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(
+        [sys.executable, "-m", "rllm.training.verl.train", "--cpu", f"actor_rollout_ref.model.path={root / 'model'}",
+         f"trainer.default_local_dir={out / 'checkpoints'}", f"hydra.run.dir={out / 'hydra'}",
+         f"rllm.agent_loop.agent_factory={factory}", *OVERRIDES],
+        cwd=out, env=env, capture_output=True, text=True, timeout=900)
+    (out / "output.log").write_text(proc.stdout + proc.stderr)
+
+    def lines(pattern: str) -> list[dict[str, Any]]:
+        return [json.loads(line) for path in out.glob(pattern) for line in path.read_text().splitlines()]
+
+    return Run(proc.returncode, proc.stdout + proc.stderr, [m["data"] for m in lines("metrics.jsonl")],
+               [s for s in lines("samples-*.jsonl") if not s["validate"]], [r for r in lines("rows-*.jsonl")
+                                                                          if not r["padding"]])
+
+
+def _per_rollout(run: Run) -> dict[str, list[dict[str, Any]]]:
+    rollouts: dict[str, list[dict[str, Any]]] = {}
+    for sample in sorted(run.samples, key=lambda s: s["index"]):
+        rollouts.setdefault(sample["rollout"], []).append(sample)
+    return rollouts
+
+
+def _assert_trained_on_exactly_the_samples_once_per_rollout(run: Run) -> None:
+    assert run.returncode == 0, run.output[-4000:]
+    assert [m["training/global_step"] for m in run.metrics] == [1, 2]
+    assert len(_per_rollout(run)) == 2 * 2 * 2  # 2 steps x 2 prompts x 2 rollouts
+    # The rows verl trained on are exactly the samples the loop returned: tokens and loss mask, each once.
+    assert sorted((r["ids"], r["mask"]) for r in run.rows) == sorted((s["ids"], s["mask"]) for s in run.samples)
+    # One advantage per rollout (RLOO over rollouts, not rows), on every sampled token of each of its samples.
+    by_rollout: dict[tuple[int, str], set[float]] = {}
+    for row in run.rows:
+        by_rollout.setdefault((row["step"], row["key"].rpartition("_")[0]), set()).update(
+            round(a, 6) for a in row["advantages"])
+    assert all(len(values) == 1 for values in by_rollout.values()), by_rollout
+    assert {value for values in by_rollout.values() for value in values} == {1.0, -1.0}
+
+
+@pytest.fixture(scope="module")
+def windowed(world: Any) -> Run:
+    return _train(world, "windowed_search_agent:windowed_search_agent", "windowed")
+
+
+@pytest.fixture(scope="module")
+def team(world: Any) -> Run:
+    return _train(world, "search_team:search_team", "team")
+
+
+def test_a_plain_strands_agent_whose_history_strands_trims_trains_on_its_samples(windowed: Run) -> None:
+    _assert_trained_on_exactly_the_samples_once_per_rollout(windowed)
+    rollouts = _per_rollout(windowed)
+    # Every rollout overflowed once: the trimmed history continues in a second sample.
+    assert {len(samples) for samples in rollouts.values()} == {2}, {k: len(v) for k, v in rollouts.items()}
+    assert all(m["rllm/guard/split_rollouts"] == 4 for m in windowed.metrics)
+    assert all(m["rllm/guard/tool_calls_per_episode"] == 2 for m in windowed.metrics)
+
+
+def test_a_researcher_writer_graph_trains_as_one_episode_with_a_sample_per_node(team: Run) -> None:
+    _assert_trained_on_exactly_the_samples_once_per_rollout(team)
+    for samples in _per_rollout(team).values():
+        assert [s["agent"] for s in samples][-1] == "writer" and samples[0]["agent"] == "researcher"
