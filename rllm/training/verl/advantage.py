@@ -82,3 +82,27 @@ def rollout_advantages(keys: Sequence[str], uids: Sequence[Any], scores: Sequenc
                                                    np.array([uids[row] for row in rows], dtype=object))
     per_rollout = {rollout: float(advantages[i, 0]) for i, rollout in enumerate(last)}
     return [per_rollout[rollout_of(key)[0]] for key in keys]
+
+
+def role_advantages(keys: Sequence[str], uids: Sequence[Any], roles: Sequence[str],
+                    scores: Sequence[float]) -> list[float]:
+    """The alternative not chosen: RLOO per role, each (prompt, node) its own group over the rollouts where it ran.
+
+    Each row's advantage is its (rollout, role)'s; verl's ``compute_rloo_outcome_advantage`` over one entry
+    per (rollout, role), grouped by (uid, role). With every node in every rollout this equals
+    ``rollout_advantages``; where a node runs in some rollouts only (a Swarm's hand-offs, a conditional
+    edge), its group shrinks, down to one rollout without a baseline. ``scripts/measure_team_credit.py``
+    measures both on a team's real rollouts; ARCHITECTURE.md, "Credit", says why rllm trains per episode.
+    """
+    import numpy as np
+    import torch
+    from verl.trainer.ppo.core_algos import compute_rloo_outcome_advantage
+
+    entries: dict[tuple[str, str], int] = {}
+    for row, (key, role) in enumerate(zip(keys, roles, strict=True)):
+        entries.setdefault((rollout_of(key)[0], role), row)
+    rewards = torch.tensor([[float(scores[row])] for row in entries.values()], dtype=torch.float32)
+    groups = np.array([f"{uids[row]}|{role}" for (_, role), row in entries.items()], dtype=object)
+    advantages, _ = compute_rloo_outcome_advantage(rewards, torch.ones_like(rewards), groups)
+    per_entry = {entry: float(advantages[i, 0]) for i, entry in enumerate(entries)}
+    return [per_entry[(rollout_of(key)[0], role)] for key, role in zip(keys, roles, strict=True)]

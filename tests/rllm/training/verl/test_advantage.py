@@ -12,7 +12,12 @@ from verl.protocol import DataProto  # noqa: E402
 from verl.trainer.ppo.core_algos import compute_rloo_outcome_advantage  # noqa: E402
 from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories  # noqa: E402
 
-from rllm.training.verl.advantage import check_split_rollouts, rollout_advantages, split_rollouts  # noqa: E402
+from rllm.training.verl.advantage import (  # noqa: E402
+    check_split_rollouts,
+    role_advantages,
+    rollout_advantages,
+    split_rollouts,
+)
 
 
 def test_an_unsplit_batch_gets_exactly_verls_rloo() -> None:
@@ -83,3 +88,21 @@ def test_a_configuration_that_would_count_a_split_rollout_more_than_once_is_refu
 def test_a_key_that_is_not_verls_row_key_is_refused() -> None:
     with pytest.raises(ValueError, match="not a verl v1 row key"):
         split_rollouts(["no-index"])
+
+
+def test_per_role_rloo_equals_per_episode_when_every_node_runs_and_loses_its_baseline_when_one_does_not() -> None:
+    # Two prompts x three team runs; each run a researcher row and a writer row, one reward per run.
+    keys = [f"{uid}_{run}_{index}" for uid in ("a", "b") for run in range(3) for index in range(2)]
+    uids = [key[0] for key in keys]
+    roles = ["researcher", "writer"] * 6
+    scores = [s for s in (1.0, 0.0, 0.0, 1.0, 1.0, 0.0) for _ in range(2)]
+    assert role_advantages(keys, uids, roles, scores) == pytest.approx(rollout_advantages(keys, uids, scores))
+    # The writer ran in one of prompt a's runs only (a conditional edge, a Swarm that did not hand off):
+    # per role, that run's writer is a group of one, trained on its raw reward; per episode it keeps its baseline.
+    kept = [i for i, key in enumerate(keys) if not (key.startswith("a_") and roles[i] == "writer" and key[2] != "1")]
+    keys, uids, roles, scores = ([v[i] for i in kept] for v in (keys, uids, roles, scores))
+    by_role = dict(zip(zip(keys, roles), role_advantages(keys, uids, roles, scores)))
+    by_episode = dict(zip(zip(keys, roles), rollout_advantages(keys, uids, scores)))
+    assert by_role[("a_1_1", "writer")] == 0.0  # its reward, 0, with nothing to compare it with: no signal
+    assert by_episode[("a_1_1", "writer")] == pytest.approx(-0.5)  # the run's advantage, as its researcher's
+    assert by_role[("a_1_0", "researcher")] == by_episode[("a_1_0", "researcher")] == pytest.approx(-0.5)
