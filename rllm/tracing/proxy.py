@@ -22,6 +22,7 @@ comes from ``$OPENAI_API_KEY`` (``--backend-api-key`` works too, with a warning 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import logging
 import os
@@ -86,16 +87,21 @@ def install_proxy_venv(path: str | Path | None = None, *, quiet: bool = True) ->
     root = proxy_venv_path(path)
     if find_proxy_venv(root) is not None:
         return root
-    if not _venv_bin(root, "python").exists():
-        logger.info("creating the LiteLLM proxy environment at %s", root)
-        venv.EnvBuilder(with_pip=True, clear=False).create(root)
-    command = [str(_venv_bin(root, "python")), "-m", "pip", "install", "--disable-pip-version-check", "--no-compile",
-               f"litellm[proxy]=={LITELLM_VERSION}"]
-    if quiet:
-        command.insert(4, "-q")
-    logger.info("installing litellm[proxy]==%s into %s (a few minutes the first time)", LITELLM_VERSION, root)
-    subprocess.run(command, check=True)
-    (root / _MARKER).write_text(json.dumps({"litellm": LITELLM_VERSION, "python": sys.version.split()[0]}))
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with open(root.parent / f".{root.name}.lock", "w") as lock:  # one installer at a time (parallel test workers)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if find_proxy_venv(root) is not None:
+            return root
+        if not _venv_bin(root, "python").exists():
+            logger.info("creating the LiteLLM proxy environment at %s", root)
+            venv.EnvBuilder(with_pip=True, clear=False).create(root)
+        command = [str(_venv_bin(root, "python")), "-m", "pip", "install", "--disable-pip-version-check",
+                   "--no-compile", f"litellm[proxy]=={LITELLM_VERSION}"]
+        if quiet:
+            command.insert(4, "-q")
+        logger.info("installing litellm[proxy]==%s into %s (a few minutes the first time)", LITELLM_VERSION, root)
+        subprocess.run(command, check=True)
+        (root / _MARKER).write_text(json.dumps({"litellm": LITELLM_VERSION, "python": sys.version.split()[0]}))
     return root
 
 

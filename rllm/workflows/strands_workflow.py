@@ -4,7 +4,9 @@ Either the workflow builds a ``StrandsAgent`` from tools, a system prompt and a 
 instance over ``RLLMModel(rollout_engine)``, restored by ``reset()`` between tasks), or a user's
 ``agent_factory(model, task)`` builds any Strands ``Agent`` for each task over the workflow's
 ``RLLMModel`` (its own class, hooks, conversation manager, tools), to which a ``RolloutRecorder`` is
-attached. Nothing here blocks the event loop, so a pool of N instances really runs N agents at once.
+attached. With ``trace_store`` the factory's agent runs on its own traced client instead (through the
+LiteLLM proxy that writes the store) and its rollout is read back from the store (``run_traced_rollout``).
+Nothing here blocks the event loop, so a pool of N instances really runs N agents at once.
 """
 
 from __future__ import annotations
@@ -13,22 +15,26 @@ import inspect
 import logging
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from strands import Agent
 
 from rllm.engine.rollout.base import RolloutEngine
-from rllm.integrations.strands import Budget, RLLMModel, RolloutRecorder
+from rllm.errors import ConfigurationError
+from rllm.integrations.strands import Budget, RLLMModel, RolloutRecorder, run_traced_rollout
 from rllm.integrations.strands.rollout import (
     AgentFactory,
     Built,
     FinishedRollout,
     build_agent,
+    built_agents,
     record_built,
     run_built,
     trajectory_metrics,
 )
 from rllm.rewards.base import RewardOutput
+from rllm.tracing.store import TraceStore
 from rllm.types import Episode, TerminationReason
 from rllm.workflows.base import Workflow
 
@@ -59,6 +65,10 @@ class StrandsWorkflow(Workflow):
         agent_factory: ``agent_factory(model, task)`` returning any Strands ``Agent`` built on
             ``model`` (the workflow's ``RLLMModel``), or a ``Swarm`` or ``Graph`` of such agents (one
             episode, one trajectory per node and sample), called for every task; instead of ``tools``.
+        trace_store: The ``TraceStore`` (or its path) of the LiteLLM proxy that the factory's agent calls
+            through: the factory builds one ``Agent`` on its own traced client
+            (``OpenAIModel(client=rllm.tracing.get_chat_client_async(proxy.base_url, proxy.api_key))``),
+            not on ``model``, and each rollout is read back from the store. Only with ``agent_factory``.
         budget: Per-episode limits on model turns and tool calls (for a factory's agent too).
         task_to_prompt: Builds the user message from a task; default: its ``question``.
         model_kwargs: ``RLLMModel`` config (``params`` for sampling, ``model_id``, ...).
@@ -73,6 +83,7 @@ class StrandsWorkflow(Workflow):
         system_prompt: str | None = None,
         reward_fn: Callable[[dict[str, Any], str], Any] | None,
         agent_factory: AgentFactory | None = None,
+        trace_store: TraceStore | str | Path | None = None,
         budget: Budget | None = None,
         task_to_prompt: TaskToPrompt | None = None,
         model_kwargs: dict[str, Any] | None = None,
@@ -84,11 +95,16 @@ class StrandsWorkflow(Workflow):
         if agent_factory is not None and (system_prompt is not None or agent_kwargs):
             raise TypeError("StrandsWorkflow: with agent_factory, the factory sets the agent's system prompt and "
                             "arguments; system_prompt and agent_kwargs would be ignored")
+        if trace_store is not None and agent_factory is None:
+            raise TypeError("StrandsWorkflow: trace_store is for an agent_factory's agent on its own traced client; "
+                            "the agent built from tools runs on the workflow's RLLMModel")
         self.reward_fn = reward_fn
         self.task_to_prompt = task_to_prompt or default_task_to_prompt
         self.model = RLLMModel(rollout_engine, **(model_kwargs or {}))
         self.agent_factory = agent_factory
         self.budget = budget
+        self.trace_store = trace_store if trace_store is None or isinstance(trace_store, TraceStore) \
+            else TraceStore(trace_store)
         self.built: Built | None = None  # from tools: built once, reset between tasks; from a factory: per task
         self.recorders: dict[str, RolloutRecorder] = {}
         if tools is not None:
@@ -129,7 +145,30 @@ class StrandsWorkflow(Workflow):
             raise ValueError("agent_factory returned the previous task's agent; build a new agent for every task")
         self.recorders = record_built(built, budget=self.budget)
         self.built = built
-        return await run_built(built, prompt, self.recorders)
+        self._check_model(built)
+        if self.trace_store is None:
+            return await run_built(built, prompt, self.recorders)
+        assert isinstance(built, Agent)  # _check_model refused a team
+        (recorder,) = self.recorders.values()
+        return await run_traced_rollout(built, prompt, self.trace_store, recorder=recorder)
+
+    def _check_model(self, built: Built) -> None:
+        """Refuse an agent whose calls rllm would not record: on another model, or traced on the workflow's own."""
+        if self.trace_store is not None:
+            if not isinstance(built, Agent):
+                raise ConfigurationError("StrandsWorkflow: with trace_store, agent_factory returns one Strands Agent, "
+                                         f"not a {type(built).__name__}")
+            if built.model is self.model:
+                raise ConfigurationError("StrandsWorkflow: with trace_store, agent_factory builds the agent on its own "
+                                         "traced client (rllm.tracing.get_chat_client_async), not on the model it is "
+                                         "given, whose calls do not go through the proxy")
+            return
+        for agent in built_agents(built):
+            if agent.model is not self.model:
+                raise ConfigurationError(
+                    f"StrandsWorkflow: agent_factory built agent {agent.name!r} on another model "
+                    f"({type(agent.model).__name__}), whose calls rllm does not record; build it on the model it is "
+                    "given, or, for an agent on its own client through the tracing proxy, pass trace_store=")
 
     async def run(self, task: dict[str, Any], uid: str) -> Episode:
         """Run the agent on ``task`` (``run_rollout``); a run that did not finish cleanly ends unscored with its reason.
@@ -144,6 +183,7 @@ class StrandsWorkflow(Workflow):
         if finished.error is not None or not end.scored:
             logger.debug("episode %s ended by %s: %s", uid, end.reason.value, end.failure)
             episode = self.failed_episode(task, uid, end.reason, end.failure)
+            episode.trajectories = finished.trajectories  # the record's (a traced agent's from its store)
             if end.reason is TerminationReason.ERROR and finished.error is not None:
                 episode.info["traceback"] = "".join(traceback.format_exception(finished.error))[-4000:]
             episode.metrics.update(finished.metrics)

@@ -134,11 +134,12 @@ class FinishedRollout:
         end: How it ended: reason, failure, final answer.
         error: What the agent's run raised, if anything (kept so a consumer can raise it with its cause).
         trajectories: The agent's recorded steps, one trajectory per sample (the agent keeps them; a
-            pooled agent's ``reset`` replaces them).
+            pooled agent's ``reset`` replaces them; a traced agent's are read from the trace store).
         samples: ``TokenTrace.to_verl(response_length)`` of each sample a token engine recorded
             (prompt_ids, response_ids, response_mask, response_logprobs, num_turns), in order; a
-            sample its run never sampled in is left out unless it is the only one. Empty without a
-            token engine or when the run stopped before its first model call.
+            sample its run never sampled in is left out unless it is the only one. Empty without
+            token ids (no token engine, a backend that returns none) or when the run stopped before
+            its first model call.
         sample_names: The name of the trajectory each sample is (a team's node id), in ``samples``' order.
         truncated: A sample's response was cut at ``response_length``: ran past it (its fields cut
             there), or filled it and ended by the token budget.
@@ -174,8 +175,16 @@ class FinishedRollout:
         raise RuntimeError(f"the rollout ended with an error: {self.end.failure}")
 
     def token_samples(self) -> list[dict[str, Any]]:
-        """``samples``, or ``RolloutWithoutTokensError`` when the run never reached its first model call."""
+        """``samples``, or ``RolloutWithoutTokensError`` when there are none to train on.
+
+        None: the run never reached its first model call, or its model returned no token ids.
+        """
         if not self.samples:
+            calls = int(self.metrics.get("turns", 0))
+            if calls:
+                raise RolloutWithoutTokensError(
+                    f"none of the rollout's {calls} model calls came with token ids (an engine or a backend that "
+                    "returns none, e.g. an OpenAI-compatible API other than vLLM): nothing to train on") from self.error
             raise RolloutWithoutTokensError(
                 f"the agent stopped before its first model call: {self.end.failure}") from self.error
         return self.samples
@@ -203,11 +212,24 @@ async def run_rollout(
     cuts the exported token fields (verl's ``rollout.response_length``); ``None`` exports the whole
     response.
     """
-    if recorder is None:
-        if not isinstance(agent, StrandsAgent):
-            raise TypeError(f"run_rollout: a {type(agent).__name__} records nothing by itself; attach a recorder "
-                            "once with rllm.integrations.strands.record(agent) and pass it as recorder=")
-        recorder = agent.recorder
+    recorder = rollout_recorder(agent, recorder, "run_rollout")
+    end, error, latency = await invoke_agent(agent, prompt, recorder, timeout_s)
+    return finished_rollout(end, error, list(recorder.trajectories), latency, response_length)
+
+
+def rollout_recorder(agent: Agent, recorder: RolloutRecorder | None, caller: str) -> RolloutRecorder:
+    """``recorder``, else a ``StrandsAgent``'s own; any other agent without one is refused (it records nothing)."""
+    if recorder is not None:
+        return recorder
+    if not isinstance(agent, StrandsAgent):
+        raise TypeError(f"{caller}: a {type(agent).__name__} records nothing by itself; attach a recorder "
+                        "once with rllm.integrations.strands.record(agent) and pass it as recorder=")
+    return agent.recorder
+
+
+async def invoke_agent(agent: Agent, prompt: Any, recorder: RolloutRecorder,
+                       timeout_s: float | None) -> tuple[RolloutEnd, BaseException | None, float]:
+    """Run the agent once, catching and classifying what it raised: its end, the error and the latency in s."""
     error: BaseException | None = None
     stop_reason: str | None = None
     started = time.perf_counter()
@@ -221,14 +243,15 @@ async def run_rollout(
             raise recorder.tool_failures.fatal
     except Exception as caught:  # noqa: BLE001 - classified here; the consumer decides what to raise
         error = caught
-    latency = time.perf_counter() - started
-    return _finished(read_rollout(recorder, error, stop_reason), error, list(recorder.trajectories), latency,
-                     response_length)
+    return read_rollout(recorder, error, stop_reason), error, time.perf_counter() - started
 
 
-def _finished(end: RolloutEnd, error: BaseException | None, trajectories: list[Trajectory], latency: float,
-              response_length: int | None) -> FinishedRollout:
-    """The ``FinishedRollout`` of recorded trajectories: metrics, and the verl fields of every sample."""
+def finished_rollout(end: RolloutEnd, error: BaseException | None, trajectories: list[Trajectory], latency: float,
+                     response_length: int | None) -> FinishedRollout:
+    """The ``FinishedRollout`` of a run's trajectories: metrics, and the verl fields of every sample.
+
+    Every runner builds its record here (an agent's, a team's, a traced agent's from the trace store).
+    """
     metrics = {**trajectory_metrics(trajectories), "latency_s": latency}
     traced = [(t.name, t.token_trace) for t in trajectories if t.token_trace is not None]
     kept = [(name, trace) for name, trace in traced if trace.num_turns] or traced[:1]
@@ -327,7 +350,7 @@ async def run_team_rollout(
     end = read_team(result, recorders, error)
     order = _node_order(result, recorders) if result is not None else list(recorders)
     trajectories = [t for node_id in order for t in recorders[node_id].trajectories if t.steps or t.token_trace]
-    finished = _finished(end, error, trajectories, latency, response_length)
+    finished = finished_rollout(end, error, trajectories, latency, response_length)
     finished.metrics["nodes"] = float(len({t.name for t in trajectories}))
     return finished
 
