@@ -417,8 +417,10 @@ def test_help_names_the_token_variable_and_a_typed_token_works_but_warns_that_ps
     url = f"http://127.0.0.1:{port}"
     try:
         process.wait_ready(f"{url}/health", timeout=120, interval=0.2)
-        assert httpx.post(f"{url}/retrieve", json={"query": "Krull"}).status_code == 401
-        ok = httpx.post(f"{url}/retrieve", json={"query": "Krull"}, headers={"Authorization": "Bearer typed-s3cret"})
+        # About auth, not speed: the first query warms the encoder, seconds on a CPU busy with other tests.
+        assert httpx.post(f"{url}/retrieve", json={"query": "Krull"}, timeout=60).status_code == 401
+        ok = httpx.post(f"{url}/retrieve", json={"query": "Krull"}, headers={"Authorization": "Bearer typed-s3cret"},
+                        timeout=60)
         assert ok.status_code == 200
     except ServerStartError as error:
         pytest.fail(f"server did not come up: {error}\n{log_tail(log, 40)}")

@@ -113,7 +113,8 @@ def test_every_lookup_recipe_key_is_a_verl_key_or_one_the_loop_reads() -> None:
         "data.apply_chat_template_kwargs.enable_thinking",  # the chat template (RLHFDataset, StrandsAgentLoop)
         "actor_rollout_ref.rollout.agent.agent_loop_manager_class",  # verl's TaskRunnerV1 (RolloutConfig)
         *(f"rllm.guards.{k}" for k in ("max_logprob_gap", "logprob_audit_rollouts", "min_rollouts_per_group",
-                                       "max_truncated_share", "max_steps_without_signal", "warn_on_tool_collapse")),
+                                       "max_truncated_share", "max_steps_without_signal", "warn_on_tool_collapse",
+                                       "served_weights")),
         "rllm.max_infra_failure_share",
         *(f"rllm.agent_loop.{k}" for k in ("tool_factory", "agent_factory", "tool_kwargs.world_size",
                                            "tool_kwargs.seed", "system_prompt", "budget", "timeout_s",

@@ -44,6 +44,9 @@ ADDED_KEYS = {
     "rllm.guards.max_truncated_share": "rllm.training.verl.guards.GuardSettings",
     "rllm.guards.max_steps_without_signal": "rllm.training.verl.guards.GuardSettings",
     "rllm.guards.warn_on_tool_collapse": "rllm.training.verl.guards.GuardSettings",
+    "rllm.guards.served_weights": "rllm.training.verl.guards.GuardSettings, runner, check_launch",
+    "ray_kwargs.ray_init.runtime_env.env_vars.VLLM_ALLOW_INSECURE_SERIALIZATION":
+        "vLLM's workers (collective_rpc of rllm.training.verl.engine_weights), check_launch",
     "rllm.max_infra_failure_share": "rllm.training.verl.manager.StrandsAgentLoopManager",
     "rllm.agent_loop.tool_factory": "rllm.training.verl.agent_loop.loop_settings",
     "rllm.agent_loop.agent_factory": "rllm.training.verl.agent_loop.loop_settings",
