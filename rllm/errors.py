@@ -247,7 +247,11 @@ class RolloutCancelledError(RLLMError, RuntimeError):
 
 
 class RolloutWithoutTokensError(RLLMError, RuntimeError):
-    """A token rollout stopped before its first model call: there is no trace to train on (never masked)."""
+    """A rollout has no token trace to train on (never masked).
+
+    It stopped before its first model call, or its model calls came without token ids (an engine or
+    a backend that returns none: an agent on its own client behind an API other than vLLM).
+    """
 
 
 def exception_chain(error: BaseException, *, implicit: bool = True) -> list[BaseException]:

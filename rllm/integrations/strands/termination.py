@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
+import openai
 from strands.types.exceptions import (
     ContextWindowOverflowException,
     EventLoopException,
@@ -44,7 +45,9 @@ def termination_reason_for(error: BaseException | None = None, *, stop_reason: s
     * a context overflow is ``CONTEXT_OVERFLOW`` and a truncated answer ``MAX_TOKENS``;
     * a timeout is ``TIMEOUT``; a tool backend failure (``ToolBackendError``) is ``TOOL_BACKEND_ERROR``;
       any other ``InfrastructureError`` (the engine unreachable, throttled, aborting) is
-      ``ENGINE_ERROR``: these are infrastructure, masked in training;
+      ``ENGINE_ERROR``, as are the OpenAI client's own connection failures and 5xx answers, which
+      Strands' streaming ``OpenAIModel`` raises unchanged (an agent on its own traced client): these
+      are infrastructure, masked in training;
     * anything else (a ``TypeError``, a template error, a ``ConfigurationError``) is ``ERROR``: a
       bug or a misconfiguration, never masked.
 
@@ -59,13 +62,14 @@ def termination_reason_for(error: BaseException | None = None, *, stop_reason: s
     for cause in exception_chain(error, implicit=False):  # through Strands' EventLoopException wrapper
         if isinstance(cause, MaxTokensReachedException):
             return TerminationReason.MAX_TOKENS
-        if isinstance(cause, (asyncio.TimeoutError, TimeoutError)):
+        if isinstance(cause, (asyncio.TimeoutError, TimeoutError, openai.APITimeoutError)):
             return TerminationReason.TIMEOUT
         if isinstance(cause, (ContextWindowOverflowException, ContextLengthExceededError)):
             return TerminationReason.CONTEXT_OVERFLOW
         if isinstance(cause, ToolBackendError):
             return TerminationReason.TOOL_BACKEND_ERROR
-        if isinstance(cause, (InfrastructureError, ModelThrottledException)):
+        if isinstance(cause, (InfrastructureError, ModelThrottledException, openai.APIConnectionError,
+                              openai.InternalServerError)):
             return TerminationReason.ENGINE_ERROR
     return TerminationReason.ERROR
 

@@ -13,6 +13,8 @@ import asyncio
 import json
 from typing import Any
 
+import httpx
+import openai
 import pytest
 from strands import tool
 from strands.types.exceptions import ContextWindowOverflowException, EventLoopException
@@ -58,6 +60,9 @@ def _overflow(error: BaseException) -> BaseException:
         return outer
 
 
+_REQUEST = httpx.Request("POST", "http://127.0.0.1:9/v1/chat/completions")
+
+
 @pytest.mark.parametrize(("error", "reason"), [
     (EngineUnavailableError("down"), TerminationReason.ENGINE_ERROR),
     (EngineThrottledError("429"), TerminationReason.ENGINE_ERROR),
@@ -76,6 +81,12 @@ def _overflow(error: BaseException) -> BaseException:
     (EngineRequestError("400"), TerminationReason.ERROR),
     (EngineError("untyped engine failure"), TerminationReason.ERROR),
     (ConnectionError("an untyped connection error"), TerminationReason.ERROR),
+    # What Strands' streaming OpenAIModel raises unchanged (an agent on its own client): the server failed.
+    (_wrapped(openai.APIConnectionError(request=_REQUEST)), TerminationReason.ENGINE_ERROR),
+    (_wrapped(openai.APITimeoutError(request=_REQUEST)), TerminationReason.TIMEOUT),
+    (openai.InternalServerError("502", response=httpx.Response(502, request=_REQUEST), body=None),
+     TerminationReason.ENGINE_ERROR),
+    (openai.BadRequestError("400", response=httpx.Response(400, request=_REQUEST), body=None), TerminationReason.ERROR),
 ])
 def test_only_typed_infrastructure_failures_are_infrastructure(error: BaseException, reason: TerminationReason) -> None:
     assert termination_reason_for(error) is reason
@@ -274,3 +285,20 @@ async def test_every_consumer_gives_the_same_reason(tiny_tokenizer: Any, failure
         "local trainer": await _through_the_local_trainer(tiny_tokenizer, error, fail_with),
     }
     assert reasons == dict.fromkeys(reasons, reason.value)
+
+
+async def test_a_stock_openai_model_whose_server_is_down_ends_as_infrastructure() -> None:
+    # Strands' streaming OpenAIModel raises the OpenAI client's connection error unchanged.
+    from strands import Agent
+    from strands.models.openai import OpenAIModel
+
+    from rllm.integrations.strands import record
+    from rllm.integrations.strands.rollout import run_rollout
+    from rllm.processes import free_port
+
+    model = OpenAIModel(client_args={"base_url": f"http://127.0.0.1:{free_port()}/v1", "api_key": "x",
+                                     "max_retries": 0}, model_id="m")
+    agent = Agent(model=model, callback_handler=None)
+    finished = await run_rollout(agent, "hi", recorder=record(agent))
+    assert finished.end.reason is TerminationReason.ENGINE_ERROR and finished.end.infra_failure
+    assert "APIConnectionError" in (finished.end.failure or "")
