@@ -234,12 +234,13 @@ async def test_python_errors_show_the_users_traceback(work_dir: Path) -> None:
 
 @pytest.mark.parametrize("code", ["while True:\n    pass", "import time\ntime.sleep(60)"])
 async def test_python_is_stopped_at_its_time_limit(work_dir: Path, code: str) -> None:
+    # 3 s, not 1: the limit includes the sandboxed interpreter's start, over 1 s on a CPU busy with CI's verl runs.
     started = time.perf_counter()
-    result = await _python_tool(work_dir, timeout=1.0)(code="print('started', flush=True)\n" + code)
+    result = await _python_tool(work_dir, timeout=3.0)(code="print('started', flush=True)\n" + code)
     elapsed = time.perf_counter() - started
-    assert result.startswith("Error: the code ran longer than the 1 s time limit and was stopped.")
-    assert "started" in result
-    assert elapsed < 4
+    assert result.startswith("Error: the code ran longer than the 3 s time limit and was stopped.")
+    assert "started" in result  # what it printed before it was stopped is kept
+    assert elapsed < 6
 
 
 @pytest.mark.parametrize(
