@@ -144,7 +144,7 @@ async def test_parallel_rollouts_overlap(serve) -> None:
 
 
 async def test_pool_size_bounds_concurrency(serve) -> None:
-    delay = 0.5
+    delay = 1.0  # two at a time take 2 delays, one at a time 4: a second of margin each way on a loaded CPU
     server = serve(lambda body: ScriptedReply(content="\\boxed{Paris}", delay=delay))
     engine = make_engine(server, n_parallel_tasks=2)
     started = time.perf_counter()
