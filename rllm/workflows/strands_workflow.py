@@ -28,8 +28,8 @@ from rllm.integrations.strands.rollout import (
     Built,
     FinishedRollout,
     build_agent,
-    built_agents,
     record_built,
+    refuse_other_models,
     run_built,
     trajectory_metrics,
 )
@@ -163,12 +163,9 @@ class StrandsWorkflow(Workflow):
                                          "traced client (rllm.tracing.get_chat_client_async), not on the model it is "
                                          "given, whose calls do not go through the proxy")
             return
-        for agent in built_agents(built):
-            if agent.model is not self.model:
-                raise ConfigurationError(
-                    f"StrandsWorkflow: agent_factory built agent {agent.name!r} on another model "
-                    f"({type(agent.model).__name__}), whose calls rllm does not record; build it on the model it is "
-                    "given, or, for an agent on its own client through the tracing proxy, pass trace_store=")
+        refuse_other_models(built, self.model, "StrandsWorkflow: agent_factory",
+                            "rllm does not record its calls: build it on the model it is given, or, for an agent on "
+                            "its own client through the tracing proxy, pass trace_store=")
 
     async def run(self, task: dict[str, Any], uid: str) -> Episode:
         """Run the agent on ``task`` (``run_rollout``); a run that did not finish cleanly ends unscored with its reason.

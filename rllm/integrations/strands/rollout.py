@@ -24,7 +24,7 @@ from strands.models.model import Model
 from strands.multiagent.base import MultiAgentBase
 
 from rllm.engine.rollout.base import RolloutEngine
-from rllm.errors import RolloutWithoutTokensError
+from rllm.errors import ConfigurationError, RolloutWithoutTokensError
 from rllm.integrations.strands.agent import StrandsAgent
 from rllm.integrations.strands.hooks import Budget
 from rllm.integrations.strands.model import RLLMModel
@@ -387,3 +387,14 @@ def built_agents(built: Built) -> list[Agent]:
     if isinstance(built, Agent):
         return [built]
     return [node.executor for node in getattr(built, "nodes", {}).values() if isinstance(node.executor, Agent)]
+
+
+def refuse_other_models(built: Built, model: Any, who: str, fix: str) -> None:
+    """``ConfigurationError`` for an agent (or team node) built on a model other than ``model``.
+
+    rllm records the calls of ``model`` only; ``who`` names what built the agent, ``fix`` says what to do.
+    """
+    for agent in built_agents(built):
+        if agent.model is not model:
+            kind = type(agent.model).__name__
+            raise ConfigurationError(f"{who} built agent {agent.name!r} on another model ({kind}); {fix}")

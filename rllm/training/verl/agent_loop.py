@@ -52,7 +52,15 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 from rllm.engine.rollout.verl_engine import VerlEngine, VerlSession
 from rllm.errors import ConfigurationError
 from rllm.integrations.strands import Budget, RLLMModel, RolloutRecorder, describe_failure
-from rllm.integrations.strands.rollout import Built, FinishedRollout, build_agent, built_agents, record_built, run_built
+from rllm.integrations.strands.rollout import (
+    Built,
+    FinishedRollout,
+    build_agent,
+    built_agents,
+    record_built,
+    refuse_other_models,
+    run_built,
+)
 from rllm.parser import get_tool_parser
 from rllm.tokens.renderer import content_text
 from rllm.training.verl._dotted import import_object
@@ -375,11 +383,8 @@ class StrandsAgentLoop(AgentLoopBase):
                                      infra_exceptions=settings.infra_exceptions)
         except TypeError as error:  # not an Agent, Swarm or Graph, or a team with a node rllm cannot record
             raise ConfigurationError(f"{SETTINGS_KEY}.agent_factory={factory}: {error}") from error
-        for node_agent in built_agents(built):
-            if node_agent.model is not model:
-                raise ConfigurationError(f"{SETTINGS_KEY}.agent_factory={factory} built agent {node_agent.name!r} on "
-                                         f"another model ({type(node_agent.model).__name__}); build it on the model it "
-                                         "is given, whose token engine records what training needs")
+        refuse_other_models(built, model, f"{SETTINGS_KEY}.agent_factory={factory}",
+                            "build it on the model it is given, whose token engine records what training needs")
         return built, recorders
 
     def _outputs(self, agents: list[Agent], recorders: list[RolloutRecorder], finished: FinishedRollout,

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import shutil
 import tempfile
@@ -45,8 +44,6 @@ import torch
 from rllm.errors import TrainingGuardError
 from rllm.training.verl.fingerprint import WeightFingerprint, tensor_digest
 from rllm.training.verl.verl_internals import call_on_actor
-
-logger = logging.getLogger(__name__)
 
 PACKED_MODULES: dict[str, tuple[str, ...]] = {"qkv_proj": ("q_proj", "k_proj", "v_proj"),
                                               "gate_up_proj": ("gate_proj", "up_proj")}
