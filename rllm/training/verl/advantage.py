@@ -92,7 +92,7 @@ def role_advantages(keys: Sequence[str], uids: Sequence[Any], roles: Sequence[st
     per (rollout, role), grouped by (uid, role). With every node in every rollout this equals
     ``rollout_advantages``; where a node runs in some rollouts only (a Swarm's hand-offs, a conditional
     edge), its group shrinks, down to one rollout without a baseline. ``scripts/measure_team_credit.py``
-    measures both on a team's real rollouts; ARCHITECTURE.md, "Credit", says why rllm trains per episode.
+    measures both on a team's real rollouts; ARCHITECTURE.md, "Teams", says why rllm trains per episode.
     """
     import numpy as np
     import torch
