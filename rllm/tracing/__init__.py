@@ -10,6 +10,9 @@
             ...  # any agent using `client` (e.g. Strands' OpenAIModel(client=client, model_id="policy"))
     print(load_trajectory(TraceStore("traces.db"), s.id).trajectory)
 
+In training, the trainer serves the policy to such an agent itself (``PolicyServer``; the agent's
+factory reads its address with ``policy_endpoint()``) and records the same traces.
+
 Names are imported lazily so that the proxy's own environment, which loads ``rllm.tracing.store`` and
 ``rllm.tracing.callback``, does not import the client side.
 """
@@ -46,13 +49,16 @@ _EXPORTS = {
     "SessionTrajectory": "rllm.tracing.trajectory",
     "trajectory_from_traces": "rllm.tracing.trajectory",
     "load_trajectory": "rllm.tracing.trajectory",
+    "PolicyServer": "rllm.tracing.policy_server",
+    "PolicyEndpoint": "rllm.tracing.policy_server",
+    "policy_endpoint": "rllm.tracing.policy_server",
 }
 
 __all__ = [
-    "NO_SESSION", "SESSION_HEADER", "Backend", "ContextThreadPoolExecutor", "ProxyConfig", "ProxyError", "ProxyProcess",
-    "SessionContext", "SessionTrajectory", "StoreWriteError", "TraceStore", "bind", "current_session",
-    "find_proxy_venv", "get_chat_client", "get_chat_client_async", "install_proxy_venv", "load_trajectory", "session",
-    "session_headers", "trajectory_from_traces",
+    "NO_SESSION", "SESSION_HEADER", "Backend", "ContextThreadPoolExecutor", "PolicyEndpoint", "PolicyServer",
+    "ProxyConfig", "ProxyError", "ProxyProcess", "SessionContext", "SessionTrajectory", "StoreWriteError", "TraceStore",
+    "bind", "current_session", "find_proxy_venv", "get_chat_client", "get_chat_client_async", "install_proxy_venv",
+    "load_trajectory", "policy_endpoint", "session", "session_headers", "trajectory_from_traces",
 ]
 
 

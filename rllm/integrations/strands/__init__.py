@@ -7,7 +7,7 @@ from rllm.integrations.strands.openai_model import NonStreamingOpenAIModel
 from rllm.integrations.strands.recorder import RolloutRecorder, record
 from rllm.integrations.strands.recording import ModelCall
 from rllm.integrations.strands.termination import describe_failure, termination_reason_for
-from rllm.integrations.strands.traced import run_traced_rollout
+from rllm.integrations.strands.traced import run_served_rollout, run_traced_rollout
 
 __all__ = [
     "Budget",
@@ -21,6 +21,7 @@ __all__ = [
     "ToolFailureHook",
     "describe_failure",
     "record",
+    "run_served_rollout",
     "run_traced_rollout",
     "termination_reason_for",
 ]

@@ -6,18 +6,26 @@ Its recorder says how it ended (the budget, typed tool failures, the one classif
 back from the proxy's ``TraceStore`` (``rllm.tracing.trajectory_from_traces``) and become the
 record's trajectories, one per token sequence (a sample), each with its exact ``TokenTrace``. So it
 evaluates like any rollout, and its samples train where the backend returned token ids.
+
+In training the same agent's client goes to the trainer's ``PolicyServer`` instead of the proxy
+(``run_served_rollout``): the server answers every call with the rollout's token engine and keeps
+the traces the proxy would have stored, so the record is read the same way, and checked against
+the tokens the engine sampled.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
-from typing import Any
+import uuid
+from typing import Any, Protocol
 
 from strands import Agent
 
-from rllm.errors import ConfigurationError, StoreWriteError
+from rllm.engine.rollout.token_engine import TokenEngine, TokenSession
+from rllm.errors import ConfigurationError, StoreWriteError, TokenTraceError
 from rllm.integrations.strands._cancel import CANCELLED
 from rllm.integrations.strands.recorder import RolloutRecorder
 from rllm.integrations.strands.rollout import (
@@ -27,17 +35,27 @@ from rllm.integrations.strands.rollout import (
     read_rollout,
     rollout_recorder,
 )
+from rllm.tracing.policy_server import PolicyServer
 from rllm.tracing.session import session
-from rllm.tracing.store import TraceStore
 from rllm.tracing.trajectory import SessionTrajectory, trajectory_from_traces
 from rllm.types import Trajectory
 
 logger = logging.getLogger(__name__)
 
 
+class TraceSource(Protocol):
+    """Where a session's traces are read: a ``TraceStore`` (the proxy's) or a ``PolicyServer``."""
+
+    @property
+    def path(self) -> Any: ...
+
+    def get_session(self, session_id: str) -> list[dict[str, Any]]: ...
+
+
 async def run_traced_rollout(
-    agent: Agent, prompt: Any, store: TraceStore, *, recorder: RolloutRecorder | None = None,
+    agent: Agent, prompt: Any, store: TraceSource, *, recorder: RolloutRecorder | None = None,
     timeout_s: float | None = None, response_length: int | None = None, wait_s: float = 30.0,
+    session_id: str | None = None,
 ) -> FinishedRollout:
     """``run_rollout`` for an agent whose model calls go through the tracing proxy that writes ``store``.
 
@@ -46,11 +64,12 @@ async def run_traced_rollout(
     sequence. Calls without token ids leave the record without samples (``token_samples()`` raises).
     None of the agent's calls in the store is a ``ConfigurationError`` (its model is not on a
     traced client); some missing is a ``StoreWriteError`` (infrastructure). ``recorder``,
-    ``timeout_s`` and ``response_length`` are ``run_rollout``'s.
+    ``timeout_s`` and ``response_length`` are ``run_rollout``'s; ``session_id`` names the session
+    (fresh and random by default).
     """
     recorder = rollout_recorder(agent, recorder, "run_traced_rollout")
     before = _model_calls(recorder)
-    async with session() as ctx:
+    async with session(session_id=session_id) as ctx:
         end, error, latency = await invoke_agent(agent, prompt, recorder, timeout_s)
     calls = _model_calls(recorder) - before
     rebuilt = trajectory_from_traces(await _traces(store, ctx.id, calls, wait_s), name=recorder.steps.name)
@@ -74,7 +93,46 @@ def _model_calls(recorder: RolloutRecorder) -> int:
     return sum(1 for t in recorder.trajectories for step in t.steps if step.stop_reason != CANCELLED)
 
 
-async def _traces(store: TraceStore, session_id: str, calls: int, wait_s: float) -> list[dict[str, Any]]:
+async def run_served_rollout(
+    agent: Agent, prompt: Any, server: PolicyServer, engine: TokenEngine, *, recorder: RolloutRecorder | None = None,
+    params: dict[str, Any] | None = None, timeout_s: float | None = None, response_length: int | None = None,
+) -> tuple[FinishedRollout, TokenSession]:
+    """``run_traced_rollout`` for an agent whose own client calls ``server`` (training): the record and the tokens.
+
+    The rollout opens a session on ``server`` served by ``engine`` (``params``: sampling under every
+    call's own); its record is read from the server's traces, as from the proxy's store. A run that
+    raised ends on what the engine raised, when it raised something (the HTTP error the client saw
+    is its echo). The record's samples must be the engine's ``TokenSession`` samples, token for token
+    (``TokenTraceError`` otherwise: the traces do not say what was sampled). Returns the record and
+    the session (a ``VerlSession`` carries verl's reports on its generations).
+    """
+    session_id = f"rollout-{uuid.uuid4().hex}"
+    with server.open(session_id, engine, params) as served:
+        finished = await run_traced_rollout(agent, prompt, server, recorder=recorder, timeout_s=timeout_s,
+                                            response_length=response_length, wait_s=0.0, session_id=session_id)
+    if finished.error is not None and served.error is not None and finished.error is not served.error:
+        recorder = rollout_recorder(agent, recorder, "run_served_rollout")
+        finished = dataclasses.replace(finished, end=read_rollout(recorder, served.error), error=served.error)
+    _check_samples(finished, served.token_session, session_id)
+    return finished, served.token_session
+
+
+def _check_samples(finished: FinishedRollout, token_session: TokenSession, session_id: str) -> None:
+    """The record's token sequences are the ones the engine sampled (prompt, sampled ids, mask, logprobs)."""
+    recorded = [t.token_trace for t in finished.trajectories if t.token_trace is not None]
+    sampled = [t for t in token_session.samples if t.num_turns]
+    if [_fields(t) for t in recorded if t.num_turns] != [_fields(t) for t in sampled]:
+        raise TokenTraceError(
+            f"session {session_id}: the {len(recorded)} token sequence(s) read from the policy server's traces are "
+            f"not the {len(sampled)} sample(s) its engine recorded; training on them would train on tokens that "
+            "were not sampled as recorded")
+
+
+def _fields(trace: Any) -> tuple[Any, ...]:
+    return tuple(trace.token_ids), tuple(trace.loss_mask), tuple(trace.logprobs or ())
+
+
+async def _traces(store: TraceSource, session_id: str, calls: int, wait_s: float) -> list[dict[str, Any]]:
     """The session's traces, once ``calls`` of them are answered or ``wait_s`` has passed (read off the loop)."""
     deadline = time.monotonic() + wait_s
     while True:
