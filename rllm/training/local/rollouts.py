@@ -13,10 +13,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from strands import Agent
+
 from rllm.engine.rollout.token_engine import TokenEngine
-from rllm.errors import RolloutCancelledError, ToolBackendError
-from rllm.integrations.strands import Budget, RLLMModel
-from rllm.integrations.strands.rollout import AgentFactory, Built, build_agent, record_built, run_built
+from rllm.errors import ConfigurationError, RolloutCancelledError, ToolBackendError
+from rllm.integrations.strands import Budget, RLLMModel, run_served_rollout
+from rllm.integrations.strands.rollout import (
+    AgentFactory,
+    Built,
+    FinishedRollout,
+    build_agent,
+    record_built,
+    refuse_other_models,
+    run_built,
+)
+from rllm.tracing.policy_server import PolicyServer
 from rllm.types import TerminationReason
 
 
@@ -56,7 +67,7 @@ class RolloutRequest:
 
 async def _run_one(
     engine: TokenEngine, request: RolloutRequest, *, tools: list[Any] | None, system_prompt: str | None, budget: Budget,
-    response_length: int, agent_factory: AgentFactory | None = None,
+    response_length: int, agent_factory: AgentFactory | None = None, policy_server: PolicyServer | None = None,
 ) -> Rollout:
     """Run the agent (from ``tools``, or by ``agent_factory``) on ``request.prompt``: its exact tokens and outcome.
 
@@ -65,7 +76,7 @@ async def _run_one(
     server aborted: ``GenerationAbortedError``), a ``ToolBackendError`` naming it when no exception
     carried it (a tool backend marking its own failure), and a cancelled rollout raises
     ``RolloutCancelledError``: a local run has no other rollouts to fall back on, and scoring
-    either would train on it.
+    either would train on it. With ``policy_server`` the factory's agent calls it on its own client.
     """
     model = RLLMModel(engine, params=dict(request.sampling))
     built: Built
@@ -75,7 +86,19 @@ async def _run_one(
     else:
         built = agent_factory(model, dict(request.task or {"prompt": request.prompt}))
     recorders = record_built(built, budget=budget)
-    finished = await run_built(built, request.prompt, recorders, response_length=response_length)
+    finished: FinishedRollout
+    if policy_server is None:
+        refuse_other_models(built, model, "run_rollouts: agent_factory", "build it on the model it is given, or, for "
+                            "an agent on its own OpenAI client, pass own_client=True")
+        finished = await run_built(built, request.prompt, recorders, response_length=response_length)
+    else:
+        if not isinstance(built, Agent) or built.model is model:
+            raise ConfigurationError("run_rollouts(own_client=True): agent_factory returns one Strands Agent on its "
+                                     "own client (rllm.tracing.policy_endpoint().async_client()), not on the model "
+                                     "it is given and not a team")
+        (recorder,) = recorders.values()
+        finished, _ = await run_served_rollout(built, request.prompt, policy_server, engine, recorder=recorder,
+                                               params=dict(request.sampling), response_length=response_length)
     finished.raise_if_unexpected()
     end = finished.end
     if end.infra_failure:
@@ -102,17 +125,29 @@ async def _run_one(
 async def run_rollouts(
     engine: TokenEngine, requests: Sequence[RolloutRequest], *, tools: list[Any] | None = None,
     system_prompt: str | None = None, budget: Budget, response_length: int, agent_factory: AgentFactory | None = None,
+    own_client: bool = False,
 ) -> list[Rollout]:
     """Run every request concurrently (in order of ``requests``).
 
     The agent is a ``StrandsAgent`` with ``tools`` and ``system_prompt``, or whatever
     ``agent_factory(model, request.task)`` builds on the rollout's model, as in evaluation and in the
-    verl loop; ``budget`` applies to either.
+    verl loop; ``budget`` applies to either. ``own_client``: the factory's agent keeps its own OpenAI
+    client, served here as in the verl loop (a ``PolicyServer`` over ``engine`` for the duration of
+    the call, its address exported to ``RLLM_POLICY_*`` before the factory runs).
     """
     if (agent_factory is None) == (tools is None):
         raise TypeError("run_rollouts: give either tools (with system_prompt) or agent_factory")
-    return list(await asyncio.gather(*(
-        _run_one(engine, r, tools=tools, system_prompt=system_prompt, budget=budget, response_length=response_length,
-                 agent_factory=agent_factory)
-        for r in requests
-    )))
+    if own_client and agent_factory is None:
+        raise TypeError("run_rollouts: own_client serves an agent_factory's agent on its own client")
+    server = (await PolicyServer().start()) if own_client else None
+    if server is not None:
+        server.export()
+    try:
+        return list(await asyncio.gather(*(
+            _run_one(engine, r, tools=tools, system_prompt=system_prompt, budget=budget,
+                     response_length=response_length, agent_factory=agent_factory, policy_server=server)
+            for r in requests
+        )))
+    finally:
+        if server is not None:
+            await server.stop()

@@ -51,7 +51,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 
 from rllm.engine.rollout.verl_engine import VerlEngine, VerlSession
 from rllm.errors import ConfigurationError
-from rllm.integrations.strands import Budget, RLLMModel, RolloutRecorder, describe_failure
+from rllm.integrations.strands import Budget, RLLMModel, RolloutRecorder, describe_failure, run_served_rollout
 from rllm.integrations.strands.rollout import (
     Built,
     FinishedRollout,
@@ -63,6 +63,7 @@ from rllm.integrations.strands.rollout import (
 )
 from rllm.parser import get_tool_parser
 from rllm.tokens.renderer import content_text
+from rllm.tracing.policy_server import PolicyServer
 from rllm.training.verl._dotted import import_object
 from rllm.training.verl.secrets import receive_secrets
 from rllm.types import TerminationReason
@@ -118,6 +119,10 @@ class LoopSettings:
             be the policy's doing.
         max_tokens_per_turn: Most tokens one model call may sample (Strands' model ``params``
             ``max_tokens``); ``None``: whatever is left of ``response_length``.
+        own_client: The factory's agent keeps its own model client (Strands' ``OpenAIModel`` on
+            ``rllm.tracing.policy_endpoint().async_client()``): the worker serves the policy to it over
+            HTTP (``rllm.tracing.PolicyServer``, its address in ``RLLM_POLICY_*``), each call on the
+            rollout's engine, and the rollout is read from the server's traces (``run_served_rollout``).
     """
 
     tool_factory: str | None
@@ -129,10 +134,11 @@ class LoopSettings:
     infra_exceptions: tuple[type[BaseException], ...]
     max_tokens_per_turn: int | None = None
     agent_factory: str | None = None
+    own_client: bool = False
 
 
 _BLOCK_KEYS = ("tool_factory", "agent_factory", "tool_kwargs", "system_prompt", "budget", "timeout_s",
-               "infra_exceptions", "max_tokens_per_turn")
+               "infra_exceptions", "max_tokens_per_turn", "own_client")
 
 
 def _budget(value: Any) -> Budget:
@@ -191,6 +197,12 @@ def loop_settings(config: Any) -> LoopSettings:
         get_tool_parser(tool_parser)
     except ValueError as error:
         raise ValueError(f"{MULTI_TURN_KEY}.format: {error}") from None
+    own_client = values.get("own_client") or False
+    if not isinstance(own_client, bool):
+        raise ValueError(f"{SETTINGS_KEY}.own_client must be true or false, got {own_client!r}")
+    if own_client and not values.get("agent_factory"):
+        raise ValueError(f"{SETTINGS_KEY}.own_client: true serves an agent_factory's agent on its own client; "
+                         "set agent_factory")
     timeout = values.get("timeout_s")
     per_turn = values.get("max_tokens_per_turn")
     if per_turn is not None and int(per_turn) < 1:
@@ -205,11 +217,14 @@ def loop_settings(config: Any) -> LoopSettings:
         timeout_s=None if timeout is None else float(timeout),
         infra_exceptions=tuple(import_object(path) for path in values.get("infra_exceptions") or ()),
         max_tokens_per_turn=None if per_turn is None else int(per_turn),
+        own_client=own_client,
     )
 
 
 OUTCOME_KWARG = "rllm_outcome"
 """The keyword under which a worker may pass ``run`` a ``RolloutOutcome`` to fill in."""
+POLICY_SERVER_KWARG = "rllm_policy_server"
+"""The keyword under which a worker passes ``run`` its ``PolicyServer`` (started by the first rollout that needs it)."""
 
 
 @dataclass
@@ -309,8 +324,9 @@ class StrandsAgentLoop(AgentLoopBase):
         in with what became of the rollout.
         """
         outcome = kwargs.pop(OUTCOME_KWARG, None)
+        server = kwargs.pop(POLICY_SERVER_KWARG, None)
         try:
-            outputs = await self.rollout(sampling_params, **kwargs)
+            outputs = await self.rollout(sampling_params, policy_server=server, **kwargs)
         except Exception as error:
             if isinstance(outcome, RolloutOutcome):
                 outcome.error = describe_failure(error)
@@ -345,25 +361,43 @@ class StrandsAgentLoop(AgentLoopBase):
             chat_template_kwargs=_plain(self.apply_chat_template_kwargs) or {},
         )
 
-    async def rollout(self, sampling_params: dict[str, Any], **kwargs: Any) -> list[AgentLoopOutput]:
+    async def rollout(self, sampling_params: dict[str, Any], *, policy_server: PolicyServer | None = None,
+                      **kwargs: Any) -> list[AgentLoopOutput]:
         """Run the agent on the row and return one output per sample, infrastructure failures included (flagged).
 
         Raises any exception that is not a typed infrastructure failure or a policy outcome
         (context overflow, response budget), with its cause. The agent is built and run as in
         evaluation (``build_agent``, ``run_rollout``); the tokens are its samples
-        (``FinishedRollout.samples``), exported with ``TokenTrace.to_verl`` at ``response_length``.
+        (``FinishedRollout.samples``), exported with ``TokenTrace.to_verl`` at ``response_length``. With
+        ``own_client`` the agent's own client calls ``policy_server`` (the worker's), whose answers are
+        the same engine's (``run_served_rollout``).
         """
         system, conversation = split_prompt(kwargs["raw_prompt"])
         params = {} if self.settings.max_tokens_per_turn is None else {"max_tokens": self.settings.max_tokens_per_turn}
-        model = RLLMModel(self.build_engine(sampling_params), params=params)
+        engine = self.build_engine(sampling_params)
+        model = RLLMModel(engine, params=params)
+        if self.settings.own_client:
+            if policy_server is None:
+                raise ConfigurationError(f"{SETTINGS_KEY}.own_client needs rllm's agent-loop worker, which serves the "
+                                         "policy (rllm.training.verl.manager.StrandsAgentLoopManager)")
+            (await policy_server.start()).export()  # before the factory, which reads RLLM_POLICY_*
         built, recorders = self._agent(model, system, kwargs)
         prompt: Any = conversation
         if len(conversation) == 1 and conversation[0]["role"] == "user":
             prompt = conversation[0]["content"][0]["text"]
-        finished = await run_built(built, prompt, recorders, timeout_s=self.settings.timeout_s,
-                                   response_length=self.response_length)
+        if self.settings.own_client:
+            assert isinstance(built, Agent) and policy_server is not None  # _agent refused anything else
+            (recorder,) = recorders.values()
+            finished, session = await run_served_rollout(
+                built, prompt, policy_server, engine, recorder=recorder, params=params,
+                timeout_s=self.settings.timeout_s, response_length=self.response_length)
+            sessions = [session]
+        else:
+            finished = await run_built(built, prompt, recorders, timeout_s=self.settings.timeout_s,
+                                       response_length=self.response_length)
+            sessions = [s for r in recorders.values() for s in r.token_sessions]
         finished.raise_if_unexpected()
-        return self._outputs(built_agents(built), list(recorders.values()), finished, kwargs)
+        return self._outputs(built_agents(built), sessions, finished, kwargs)
 
     def _agent(self, model: RLLMModel, system: str | None,
                row: dict[str, Any]) -> tuple[Built, dict[str, RolloutRecorder]]:
@@ -383,11 +417,21 @@ class StrandsAgentLoop(AgentLoopBase):
                                      infra_exceptions=settings.infra_exceptions)
         except TypeError as error:  # not an Agent, Swarm or Graph, or a team with a node rllm cannot record
             raise ConfigurationError(f"{SETTINGS_KEY}.agent_factory={factory}: {error}") from error
-        refuse_other_models(built, model, f"{SETTINGS_KEY}.agent_factory={factory}",
-                            "build it on the model it is given, whose token engine records what training needs")
+        where = f"{SETTINGS_KEY}.agent_factory={factory}"
+        if not settings.own_client:
+            refuse_other_models(built, model, where, "build it on the model it is given, whose token engine records "
+                                "what training needs, or, for an agent on its own OpenAI client, set "
+                                f"{SETTINGS_KEY}.own_client: true")
+        elif not isinstance(built, Agent):
+            raise ConfigurationError(f"{where}: with own_client the factory returns one Strands Agent on its own "
+                                     f"client, not a {type(built).__name__}")
+        elif built.model is model:
+            raise ConfigurationError(f"{where}: with own_client the agent calls the policy on its own client "
+                                     "(rllm.tracing.policy_endpoint().async_client()), but it was built on the model "
+                                     f"it is given; build it on its client, or unset {SETTINGS_KEY}.own_client")
         return built, recorders
 
-    def _outputs(self, agents: list[Agent], recorders: list[RolloutRecorder], finished: FinishedRollout,
+    def _outputs(self, agents: list[Agent], token_sessions: list[Any], finished: FinishedRollout,
                  row: dict[str, Any]) -> list[AgentLoopOutput]:
         """One ``AgentLoopOutput`` per sample of a finished rollout, masked when not ``scored`` (infra, cancelled).
 
@@ -408,7 +452,7 @@ class StrandsAgentLoop(AgentLoopBase):
             "response_truncated": finished.truncated,
             "num_samples": len(samples),
         }
-        sessions = [s for r in recorders for s in r.token_sessions if isinstance(s, VerlSession)]
+        sessions = [s for s in token_sessions if isinstance(s, VerlSession)]
         lows = [s.min_global_steps for s in sessions if s.min_global_steps is not None]
         highs = [s.max_global_steps for s in sessions if s.max_global_steps is not None]
         low = min(lows) if lows else row.get("global_steps")

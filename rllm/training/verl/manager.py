@@ -38,7 +38,8 @@ from omegaconf import OmegaConf
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ
 
 from rllm.errors import InfrastructureFailureRateError, SystemicFailureError
-from rllm.training.verl.agent_loop import OUTCOME_KWARG, RolloutOutcome
+from rllm.tracing.policy_server import PolicyServer
+from rllm.training.verl.agent_loop import OUTCOME_KWARG, POLICY_SERVER_KWARG, RolloutOutcome
 from rllm.training.verl.guards import GUARDED_MODE
 from rllm.training.verl.verl_internals import SYNC_MODE, ray_actor_class
 
@@ -102,6 +103,7 @@ class StrandsAgentLoopWorker(ray_actor_class(AgentLoopWorkerTQ)):  # type: ignor
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._outcomes: dict[str, list[RolloutOutcome]] = {}
+        self._policy_server = PolicyServer()  # serves agents on their own client; started by the first that needs it
 
     async def generate_sequences(self, batch: Any) -> BatchReport:  # type: ignore[override]
         """Run the batch's rollouts as verl does, wait for all of them, and report what became of each."""
@@ -122,7 +124,8 @@ class StrandsAgentLoopWorker(ray_actor_class(AgentLoopWorkerTQ)):  # type: ignor
         self._outcomes.setdefault(str(kwargs.get("uid")), []).append(outcome)
         try:
             return await super()._run_agent_loop(sampling_params, trajectory, agent_name=agent_name, trace=trace,
-                                                 **{OUTCOME_KWARG: outcome}, **kwargs)
+                                                 **{OUTCOME_KWARG: outcome, POLICY_SERVER_KWARG: self._policy_server},
+                                                 **kwargs)
         except Exception as error:
             if not outcome.error:
                 outcome.error = f"{type(error).__name__}: {error}"
@@ -130,6 +133,7 @@ class StrandsAgentLoopWorker(ray_actor_class(AgentLoopWorkerTQ)):  # type: ignor
 
     async def _agent_loop_postprocess(self, output: Any, validate: Any, **kwargs: Any) -> Any:
         outcome = kwargs.pop(OUTCOME_KWARG, None)
+        kwargs.pop(POLICY_SERVER_KWARG, None)  # verl stores the rest of kwargs with every row
         if isinstance(outcome, RolloutOutcome) and isinstance(output, list) and not output and not outcome.dropped:
             outcome.dropped, outcome.cause = True, "the agent loop returned no output"
         return await super()._agent_loop_postprocess(output, validate, **kwargs)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from strands import ToolContext, tool
 
-from rllm.errors import GenerationAbortedError, RolloutCancelledError
+from rllm.errors import ConfigurationError, GenerationAbortedError, RolloutCancelledError
 from rllm.integrations.strands import Budget
 from rllm.testing.chat_templates import FAMILIES
 from rllm.testing.scripted_tokens import Cut, ScriptedTokenEngine
@@ -93,3 +93,44 @@ async def test_the_local_rollouts_take_tools_or_a_factory_not_both() -> None:
     with pytest.raises(TypeError, match="either tools"):
         await run_rollouts(ScriptedTokenEngine(FAMILIES["qwen3"].tokenizer(), _policy), [], tools=[lookup],
                            agent_factory=lambda model, task: None, budget=Budget(), response_length=8)
+
+
+async def test_a_factorys_agent_on_its_own_openai_client_gives_the_local_trainer_the_same_tokens(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from strands import Agent
+    from strands.models.openai import OpenAIModel
+
+    from rllm.tracing import policy_endpoint
+    from rllm.tracing.policy_server import API_KEY_ENV, BASE_URL_ENV, MODEL_ENV
+
+    for name in (BASE_URL_ENV, API_KEY_ENV, MODEL_ENV):  # run_rollouts exports the server's address here
+        monkeypatch.setenv(name, "unset by the test")
+
+    def on_model(model: Any, task: dict[str, Any]) -> Agent:
+        return Agent(model=model, tools=[lookup], system_prompt="Answer in \\boxed{}.", callback_handler=None)
+
+    def on_own_client(model: Any, task: dict[str, Any]) -> Agent:
+        endpoint = policy_endpoint()
+        return Agent(model=OpenAIModel(client=endpoint.async_client(max_retries=0), model_id=endpoint.model),
+                     tools=[lookup], system_prompt="Answer in \\boxed{}.", callback_handler=None)
+
+    rollouts = []
+    for factory, own_client in ((on_model, False), (on_own_client, True)):
+        engine = ScriptedTokenEngine(FAMILIES["qwen3"].tokenizer(), _policy)
+        [rollout] = await run_rollouts(engine, [RolloutRequest("What does alpha hold?", "g0", {})],
+                                       agent_factory=factory, budget=Budget(max_model_turns=6), response_length=1024,
+                                       own_client=own_client)
+        rollouts.append((rollout, engine.prompts))
+    (expected, expected_prompts), (rollout, prompts) = rollouts
+    assert rollout.reason.value == "finished" and rollout.final_answer == "\\boxed{7}"
+    assert prompts == expected_prompts and len(prompts) == 4
+    assert rollout.fields == expected.fields
+
+    with pytest.raises(ConfigurationError, match="own client"):  # built on the model: nothing would reach the server
+        await run_rollouts(ScriptedTokenEngine(FAMILIES["qwen3"].tokenizer(), _policy),
+                           [RolloutRequest("What does alpha hold?", "g0", {})], agent_factory=on_model,
+                           budget=Budget(), response_length=1024, own_client=True)
+    with pytest.raises(ConfigurationError, match="pass own_client=True"):  # on its own client, but not served
+        await run_rollouts(ScriptedTokenEngine(FAMILIES["qwen3"].tokenizer(), _policy),
+                           [RolloutRequest("What does alpha hold?", "g0", {})], agent_factory=on_own_client,
+                           budget=Budget(), response_length=1024)

@@ -32,7 +32,8 @@ from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 from rllm.engine.rollout.verl_engine import PromptTooLongError  # noqa: E402
 from rllm.errors import ConfigurationError  # noqa: E402
 from rllm.testing.scripted_tokens import Cut  # noqa: E402
-from rllm.training.verl.agent_loop import RolloutOutcome, StrandsAgentLoop  # noqa: E402
+from rllm.tracing import PolicyServer  # noqa: E402
+from rllm.training.verl.agent_loop import POLICY_SERVER_KWARG, RolloutOutcome, StrandsAgentLoop  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[4]
 from fixtures.verl_loop import (  # noqa: E402
@@ -528,3 +529,70 @@ async def test_an_agent_factory_that_builds_on_another_model_is_refused(tokenize
     with pytest.raises(ConfigurationError, match="build it on the model it is given"):
         await loop.run(dict(SAMPLING), **row())
     assert server.calls == []
+
+
+def _restore_policy_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rllm.tracing.policy_server import API_KEY_ENV, BASE_URL_ENV, MODEL_ENV
+
+    for name in (BASE_URL_ENV, API_KEY_ENV, MODEL_ENV):
+        monkeypatch.setenv(name, "unset by the test")
+
+
+def _windowed_replies() -> Any:
+    replies = [lookup_call(key) for key in ("France", "Paris", "France", "Paris")] + ["It is \\boxed{Paris}."]
+    calls: list[int] = []
+
+    def script(prompt: str) -> str:
+        calls.append(1)
+        return replies[len(calls) - 1]
+
+    return script
+
+
+async def test_an_agent_on_its_own_openai_client_trains_on_the_rows_the_same_agent_on_the_model_gives(
+        tokenizer, monkeypatch) -> None:
+    # The user's agent keeps Strands' own streaming OpenAIModel; the worker serves it the policy over HTTP.
+    on_model = FakeServerManager(tokenizer, _windowed_replies())
+    loop, _ = build_loop(tokenizer, on_model, tool_factory=None, agent_factory="fixtures.verl_loop:windowed_agent")
+    expected = await loop.run(dict(SAMPLING), **row())
+
+    own = FakeServerManager(tokenizer, _windowed_replies())
+    loop, config = build_loop(tokenizer, own, tool_factory=None, own_client=True,
+                              agent_factory="fixtures.verl_loop:windowed_agent_on_its_own_client")
+    server = PolicyServer()
+    _restore_policy_env(monkeypatch)  # the loop exports the server's address to this process
+    LOOKUPS.clear()
+    try:
+        outputs = await loop.run(dict(SAMPLING), **row(), **{POLICY_SERVER_KWARG: server})
+    finally:
+        await server.stop()
+
+    assert LOOKUPS == ["France", "Paris", "France", "Paris"] and len(own.calls) == 5
+    assert [c["prompt_ids"] for c in own.calls] == [c["prompt_ids"] for c in on_model.calls]
+    assert len(outputs) == len(expected) > 1  # the window rewrote the history: several samples
+    for mine, theirs in zip(outputs, expected, strict=True):
+        assert (mine.prompt_ids, mine.response_ids, mine.response_mask, mine.response_logprobs) == (
+            theirs.prompt_ids, theirs.response_ids, theirs.response_mask, theirs.response_logprobs)
+        assert mine.extra_fields == theirs.extra_fields
+    worker, stored = verls_v1_worker(config, tokenizer, monkeypatch)
+    await worker._agent_loop_postprocess(outputs, False, **row())
+    (put,) = stored
+    assert [sum(scores.tolist()) for scores in put["fields"]["rm_scores"]] == [1.0] * len(outputs)
+
+
+async def test_own_client_refuses_an_agent_built_on_the_model_it_is_given(tokenizer, monkeypatch) -> None:
+    server = FakeServerManager(tokenizer, turns_script("\\boxed{Paris}"))
+    loop, _ = build_loop(tokenizer, server, tool_factory=None, own_client=True,
+                         agent_factory="fixtures.verl_loop:windowed_agent")
+    _restore_policy_env(monkeypatch)
+    policy = PolicyServer()
+    try:
+        with pytest.raises(ConfigurationError, match="with own_client the agent calls the policy on its own client"):
+            await loop.run(dict(SAMPLING), **row(), **{POLICY_SERVER_KWARG: policy})
+    finally:
+        await policy.stop()
+    assert server.calls == []
+    loop, _ = build_loop(tokenizer, server, tool_factory=None, own_client=True,
+                         agent_factory="fixtures.verl_loop:windowed_agent_on_its_own_client")
+    with pytest.raises(ConfigurationError, match="own_client needs rllm's agent-loop worker"):
+        await loop.run(dict(SAMPLING), **row())

@@ -8,7 +8,11 @@ bearer token):
   ``SlidingWindowConversationManager()`` and whole passages: its second search overflows the context,
   Strands trims the history and retries, and the rollout continues in a new sample;
 * ``examples/strands/search_team.py``: a Strands ``Graph`` of a researcher that searches and a writer
-  that answers, one episode with one trajectory per node.
+  that answers, one episode with one trajectory per node;
+* ``examples/strands/own_client_search_agent.py``: a plain ``strands.Agent`` on Strands' own streaming
+  ``OpenAIModel`` and its own client (``rllm.agent_loop.own_client=true``): each verl worker serves it the
+  policy over HTTP. It trains on the very samples the windowed agent (the same agent on the rollout's
+  model, with Strands' default history) trains on.
 
 The rollout server plays a scripted policy from outside rllm (``fixtures.verl_faults``:
 ``scripted_searches``: two searches per agent, then an answer), since a random tiny model never calls a
@@ -93,7 +97,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Any:
         yield root, server.base_url, token
 
 
-def _train(world: Any, factory: str, name: str) -> Run:
+def _train(world: Any, factory: str, name: str, *overrides: str) -> Run:
     root, url, token = world
     out = root / name
     out.mkdir()
@@ -107,7 +111,7 @@ def _train(world: Any, factory: str, name: str) -> Run:
     proc = subprocess.run(
         [sys.executable, "-m", "rllm.training.verl.train", "--cpu", f"actor_rollout_ref.model.path={root / 'model'}",
          f"trainer.default_local_dir={out / 'checkpoints'}", f"hydra.run.dir={out / 'hydra'}",
-         f"rllm.agent_loop.agent_factory={factory}", *OVERRIDES],
+         f"rllm.agent_loop.agent_factory={factory}", *OVERRIDES, *overrides],
         cwd=out, env=env, capture_output=True, text=True, timeout=900)
     (out / "output.log").write_text(proc.stdout + proc.stderr)
 
@@ -151,6 +155,11 @@ def team(world: Any) -> Run:
     return _train(world, "search_team:search_team", "team")
 
 
+@pytest.fixture(scope="module")
+def own_client(world: Any) -> Run:
+    return _train(world, "own_client_search_agent:own_client_search_agent", "own_client", "rllm.agent_loop.own_client=true")
+
+
 def test_a_plain_strands_agent_whose_history_strands_trims_trains_on_its_samples(windowed: Run) -> None:
     _assert_trained_on_exactly_the_samples_once_per_rollout(windowed)
     rollouts = _per_rollout(windowed)
@@ -164,3 +173,13 @@ def test_a_researcher_writer_graph_trains_as_one_episode_with_a_sample_per_node(
     _assert_trained_on_exactly_the_samples_once_per_rollout(team)
     for samples in _per_rollout(team).values():
         assert [s["agent"] for s in samples][-1] == "writer" and samples[0]["agent"] == "researcher"
+
+
+def test_an_agent_on_its_own_openai_client_trains_on_the_samples_it_would_on_the_model(own_client: Run,
+                                                                                       windowed: Run) -> None:
+    _assert_trained_on_exactly_the_samples_once_per_rollout(own_client)
+    # Its context overflowed over HTTP (a 400 context_length_exceeded), Strands trimmed and retried: two samples.
+    assert {len(samples) for samples in _per_rollout(own_client).values()} == {2}
+    # The same policy on the same prompts: the samples are token for token those of the agent on the model.
+    assert sorted((s["ids"], s["mask"]) for s in own_client.samples) == sorted(
+        (s["ids"], s["mask"]) for s in windowed.samples)

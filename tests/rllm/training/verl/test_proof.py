@@ -118,7 +118,7 @@ def test_every_lookup_recipe_key_is_a_verl_key_or_one_the_loop_reads() -> None:
         "rllm.max_infra_failure_share",
         *(f"rllm.agent_loop.{k}" for k in ("tool_factory", "agent_factory", "tool_kwargs.world_size",
                                            "tool_kwargs.seed", "system_prompt", "budget", "timeout_s",
-                                           "infra_exceptions", "max_tokens_per_turn")),
+                                           "infra_exceptions", "max_tokens_per_turn", "own_client")),
     }
 
 

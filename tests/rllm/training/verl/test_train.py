@@ -56,6 +56,7 @@ ADDED_KEYS = {
     "rllm.agent_loop.timeout_s": "rllm.training.verl.agent_loop.loop_settings",
     "rllm.agent_loop.infra_exceptions": "rllm.training.verl.agent_loop.loop_settings",
     "rllm.agent_loop.max_tokens_per_turn": "rllm.training.verl.agent_loop.loop_settings",
+    "rllm.agent_loop.own_client": "rllm.training.verl.agent_loop.loop_settings",
     "actor_rollout_ref.rollout.agent.agent_loop_manager_class": "verl.trainer.main_ppo TaskRunnerV1 (RolloutConfig)",
     "data.apply_chat_template_kwargs.enable_thinking": "chat template (RLHFDataset, StrandsAgentLoop)",
 }

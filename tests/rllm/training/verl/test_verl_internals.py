@@ -103,6 +103,10 @@ def test_verls_agent_loop_worker_still_has_what_the_stopping_manager_extends() -
     assert "self._run_agent_loop(" in source and "self._agent_loop_postprocess(" in source
     for attribute in verl_internals.WORKER_ATTRIBUTES:
         assert f"self.{attribute}" in source, attribute
+    # The worker passes run() its policy server and outcome as keywords; verl stores the rest of a
+    # sample's keywords in its row, so _agent_loop_postprocess must take them out first.
+    postprocess = inspect.getsource(AgentLoopWorkerTQ._agent_loop_postprocess)
+    assert "field.update(kwargs)" in postprocess
 
 
 def test_the_task_runner_is_a_ray_actor_class() -> None:
