@@ -332,8 +332,10 @@ def test_the_loop_reads_its_settings_from_the_recipe_and_evaluations_budget(monk
     ("rllm.agent_loop.tool_factory=null", "set either tool_factory"),
     ("rllm.agent_loop.agent_factory=fixtures.verl_loop:windowed_agent", "exactly one"),
     ("rllm.agent_loop.budget={max_turns:4}", r"budget: unknown keys \['max_turns'\]"),
+    ("rllm.agent_loop.own_client=true", "own_client: true serves an agent_factory's agent on its own client"),
+    ("rllm.agent_loop.own_client=yes", "own_client must be true or false, got 'yes'"),
 ], ids=["tool_response_length", "user_turns", "parallel_calls", "inference_template", "format", "unknown_key",
-        "no_factory", "both_factories", "budget_key"])
+        "no_factory", "both_factories", "budget_key", "own_client_without_factory", "own_client_not_a_bool"])
 def test_settings_the_loop_would_ignore_are_refused_at_launch(override: str, message: str) -> None:
     config = prepare_config(compose(override))
     with pytest.raises(ValueError, match=message):
