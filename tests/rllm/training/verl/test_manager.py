@@ -192,6 +192,7 @@ def make_worker(tokenizer, monkeypatch) -> Any:
     from omegaconf import OmegaConf
     from verl.trainer.ppo.reward import load_reward_manager
 
+    from rllm.tracing import PolicyServer
     from rllm.training.verl.manager import StrandsAgentLoopWorker
 
     stored: list[str] = []
@@ -218,6 +219,7 @@ def make_worker(tokenizer, monkeypatch) -> Any:
         worker.hf_model_type, worker.dataset_cls, worker.tools = "qwen3", loop.dataset_cls, []
         worker.reward_loop_worker_handles = [RewardHandle(load_reward_manager(config, tokenizer))]
         worker.background_tasks, worker._outcomes = set(), {}
+        worker._policy_server = PolicyServer()  # what StrandsAgentLoopWorker.__init__ adds to verl's worker
         worker.stored, worker.tags = stored, tags
         return worker
 
