@@ -12,7 +12,9 @@ rollout's model would. Train it with the HotpotQA recipe (retrieval server and r
         actor_rollout_ref.model.path=/models/tiny rllm.agent_loop.tool_factory=null \\
         rllm.agent_loop.agent_factory=own_client_search_agent:own_client_search_agent rllm.agent_loop.own_client=true
 
-CI runs exactly this through verl's own trainer on CPU (``tests/rllm/training/verl/test_examples_cpu.py``).
+CI runs this factory through verl's own trainer on CPU (``tests/rllm/training/verl/test_examples_cpu.py``),
+for rollout 1 of every prompt beside ``windowed_search_agent`` (the same agent on the rollout's
+model) for rollout 0, and checks that the two rollouts of a prompt train on the same samples.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ once. Train it with the HotpotQA recipe (retrieval server and rows as in the REA
         actor_rollout_ref.model.path=/models/tiny rllm.agent_loop.tool_factory=null \\
         rllm.agent_loop.agent_factory=windowed_search_agent:windowed_search_agent
 
-CI runs exactly this through verl's own trainer on CPU (``tests/rllm/training/verl/test_examples_cpu.py``).
+CI runs this factory through verl's own trainer on CPU (``tests/rllm/training/verl/test_examples_cpu.py``),
+for rollout 0 of every prompt (rollout 1 runs ``own_client_search_agent``, the same agent on its own client).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from typing import Any
 from strands import Agent
 
 from rllm.engine.rollout.token_engine import TokenEngine
-from rllm.errors import ConfigurationError, RolloutCancelledError, ToolBackendError
+from rllm.errors import RolloutCancelledError, ToolBackendError
 from rllm.integrations.strands import Budget, RLLMModel, run_served_rollout
 from rllm.integrations.strands.rollout import (
     AgentFactory,
@@ -87,18 +87,16 @@ async def _run_one(
         built = agent_factory(model, dict(request.task or {"prompt": request.prompt}))
     recorders = record_built(built, budget=budget)
     finished: FinishedRollout
-    if policy_server is None:
-        refuse_other_models(built, model, "run_rollouts: agent_factory", "build it on the model it is given, or, for "
-                            "an agent on its own OpenAI client, pass own_client=True")
-        finished = await run_built(built, request.prompt, recorders, response_length=response_length)
-    else:
-        if not isinstance(built, Agent) or built.model is model:
-            raise ConfigurationError("run_rollouts(own_client=True): agent_factory returns one Strands Agent on its "
-                                     "own client (rllm.tracing.policy_endpoint().async_client()), not on the model "
-                                     "it is given and not a team")
+    if policy_server is not None and isinstance(built, Agent) and built.model is not model:
         (recorder,) = recorders.values()
         finished, _ = await run_served_rollout(built, request.prompt, policy_server, engine, recorder=recorder,
                                                params=dict(request.sampling), response_length=response_length)
+    else:
+        fix = ("build every node on the model it is given (own_client serves one Agent, not a team's nodes)"
+               if policy_server is not None else
+               "build it on the model it is given, or, for an agent on its own OpenAI client, pass own_client=True")
+        refuse_other_models(built, model, "run_rollouts: agent_factory", fix)
+        finished = await run_built(built, request.prompt, recorders, response_length=response_length)
     finished.raise_if_unexpected()
     end = finished.end
     if end.infra_failure:
@@ -131,9 +129,9 @@ async def run_rollouts(
 
     The agent is a ``StrandsAgent`` with ``tools`` and ``system_prompt``, or whatever
     ``agent_factory(model, request.task)`` builds on the rollout's model, as in evaluation and in the
-    verl loop; ``budget`` applies to either. ``own_client``: the factory's agent keeps its own OpenAI
-    client, served here as in the verl loop (a ``PolicyServer`` over ``engine`` for the duration of
-    the call, its address exported to ``RLLM_POLICY_*`` before the factory runs).
+    verl loop; ``budget`` applies to either. ``own_client``: the factory's agent may keep its own
+    OpenAI client, served here as in the verl loop (a ``PolicyServer`` over ``engine`` for the
+    duration of the call, its address exported to ``RLLM_POLICY_*`` before the factory runs).
     """
     if (agent_factory is None) == (tools is None):
         raise TypeError("run_rollouts: give either tools (with system_prompt) or agent_factory")

@@ -119,10 +119,11 @@ class LoopSettings:
             be the policy's doing.
         max_tokens_per_turn: Most tokens one model call may sample (Strands' model ``params``
             ``max_tokens``); ``None``: whatever is left of ``response_length``.
-        own_client: The factory's agent keeps its own model client (Strands' ``OpenAIModel`` on
+        own_client: The factory's agent may keep its own model client (Strands' ``OpenAIModel`` on
             ``rllm.tracing.policy_endpoint().async_client()``): the worker serves the policy to it over
             HTTP (``rllm.tracing.PolicyServer``, its address in ``RLLM_POLICY_*``), each call on the
             rollout's engine, and the rollout is read from the server's traces (``run_served_rollout``).
+            An agent the factory builds on the model it is given runs on that model as without it.
     """
 
     tool_factory: str | None
@@ -385,8 +386,8 @@ class StrandsAgentLoop(AgentLoopBase):
         prompt: Any = conversation
         if len(conversation) == 1 and conversation[0]["role"] == "user":
             prompt = conversation[0]["content"][0]["text"]
-        if self.settings.own_client:
-            assert isinstance(built, Agent) and policy_server is not None  # _agent refused anything else
+        if isinstance(built, Agent) and built.model is not model:  # on its own client (_agent allowed it)
+            assert policy_server is not None
             (recorder,) = recorders.values()
             finished, session = await run_served_rollout(
                 built, prompt, policy_server, engine, recorder=recorder, params=params,
@@ -401,7 +402,10 @@ class StrandsAgentLoop(AgentLoopBase):
 
     def _agent(self, model: RLLMModel, system: str | None,
                row: dict[str, Any]) -> tuple[Built, dict[str, RolloutRecorder]]:
-        """The rollout's agent (or team) and its recorders: from ``tool_factory``, or the user's ``agent_factory``."""
+        """The rollout's agent (or team) and its recorders: from ``tool_factory``, or the user's ``agent_factory``.
+
+        A factory's agent is built on ``model``, or with ``own_client`` it may be one ``Agent`` on its own client.
+        """
         settings = self.settings
         if settings.agent_factory is None:
             assert settings.tool_factory is not None
@@ -417,18 +421,12 @@ class StrandsAgentLoop(AgentLoopBase):
                                      infra_exceptions=settings.infra_exceptions)
         except TypeError as error:  # not an Agent, Swarm or Graph, or a team with a node rllm cannot record
             raise ConfigurationError(f"{SETTINGS_KEY}.agent_factory={factory}: {error}") from error
-        where = f"{SETTINGS_KEY}.agent_factory={factory}"
-        if not settings.own_client:
-            refuse_other_models(built, model, where, "build it on the model it is given, whose token engine records "
-                                "what training needs, or, for an agent on its own OpenAI client, set "
-                                f"{SETTINGS_KEY}.own_client: true")
-        elif not isinstance(built, Agent):
-            raise ConfigurationError(f"{where}: with own_client the factory returns one Strands Agent on its own "
-                                     f"client, not a {type(built).__name__}")
-        elif built.model is model:
-            raise ConfigurationError(f"{where}: with own_client the agent calls the policy on its own client "
-                                     "(rllm.tracing.policy_endpoint().async_client()), but it was built on the model "
-                                     f"it is given; build it on its client, or unset {SETTINGS_KEY}.own_client")
+        if not (settings.own_client and isinstance(built, Agent)):
+            fix = ("build every node on the model it is given (own_client serves one Agent, not a team's nodes)"
+                   if settings.own_client else
+                   "build it on the model it is given, whose token engine records what training needs, or, for an "
+                   f"agent on its own OpenAI client, set {SETTINGS_KEY}.own_client: true")
+            refuse_other_models(built, model, f"{SETTINGS_KEY}.agent_factory={factory}", fix)
         return built, recorders
 
     def _outputs(self, agents: list[Agent], token_sessions: list[Any], finished: FinishedRollout,

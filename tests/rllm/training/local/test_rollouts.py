@@ -126,10 +126,11 @@ async def test_a_factorys_agent_on_its_own_openai_client_gives_the_local_trainer
     assert prompts == expected_prompts and len(prompts) == 4
     assert rollout.fields == expected.fields
 
-    with pytest.raises(ConfigurationError, match="own client"):  # built on the model: nothing would reach the server
-        await run_rollouts(ScriptedTokenEngine(FAMILIES["qwen3"].tokenizer(), _policy),
-                           [RolloutRequest("What does alpha hold?", "g0", {})], agent_factory=on_model,
-                           budget=Budget(), response_length=1024, own_client=True)
+    engine = ScriptedTokenEngine(FAMILIES["qwen3"].tokenizer(), _policy)  # on the model it is given: runs on it
+    [on_its_model] = await run_rollouts(engine, [RolloutRequest("What does alpha hold?", "g0", {})],
+                                        agent_factory=on_model, budget=Budget(max_model_turns=6), response_length=1024,
+                                        own_client=True)
+    assert on_its_model.fields == expected.fields
     with pytest.raises(ConfigurationError, match="pass own_client=True"):  # on its own client, but not served
         await run_rollouts(ScriptedTokenEngine(FAMILIES["qwen3"].tokenizer(), _policy),
                            [RolloutRequest("What does alpha hold?", "g0", {})], agent_factory=on_own_client,

@@ -580,18 +580,24 @@ async def test_an_agent_on_its_own_openai_client_trains_on_the_rows_the_same_age
     assert [sum(scores.tolist()) for scores in put["fields"]["rm_scores"]] == [1.0] * len(outputs)
 
 
-async def test_own_client_refuses_an_agent_built_on_the_model_it_is_given(tokenizer, monkeypatch) -> None:
-    server = FakeServerManager(tokenizer, turns_script("\\boxed{Paris}"))
+async def test_with_own_client_an_agent_built_on_the_model_it_is_given_still_runs_on_it(tokenizer,
+                                                                                        monkeypatch) -> None:
+    on_model = FakeServerManager(tokenizer, _windowed_replies())
+    loop, _ = build_loop(tokenizer, on_model, tool_factory=None, agent_factory="fixtures.verl_loop:windowed_agent")
+    expected = await loop.run(dict(SAMPLING), **row())
+    server = FakeServerManager(tokenizer, _windowed_replies())
     loop, _ = build_loop(tokenizer, server, tool_factory=None, own_client=True,
                          agent_factory="fixtures.verl_loop:windowed_agent")
     _restore_policy_env(monkeypatch)
     policy = PolicyServer()
     try:
-        with pytest.raises(ConfigurationError, match="with own_client the agent calls the policy on its own client"):
-            await loop.run(dict(SAMPLING), **row(), **{POLICY_SERVER_KWARG: policy})
+        outputs = await loop.run(dict(SAMPLING), **row(), **{POLICY_SERVER_KWARG: policy})
     finally:
         await policy.stop()
-    assert server.calls == []
+    assert [(o.prompt_ids, o.response_ids, o.response_mask) for o in outputs] == [
+        (o.prompt_ids, o.response_ids, o.response_mask) for o in expected]
+    assert policy.get_session("any") == []  # nothing went through the server
+
     loop, _ = build_loop(tokenizer, server, tool_factory=None, own_client=True,
                          agent_factory="fixtures.verl_loop:windowed_agent_on_its_own_client")
     with pytest.raises(ConfigurationError, match="own_client needs rllm's agent-loop worker"):

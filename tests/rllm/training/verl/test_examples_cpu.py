@@ -9,10 +9,11 @@ bearer token):
   Strands trims the history and retries, and the rollout continues in a new sample;
 * ``examples/strands/search_team.py``: a Strands ``Graph`` of a researcher that searches and a writer
   that answers, one episode with one trajectory per node;
-* ``examples/strands/own_client_search_agent.py``: a plain ``strands.Agent`` on Strands' own streaming
-  ``OpenAIModel`` and its own client (``rllm.agent_loop.own_client=true``): each verl worker serves it the
-  policy over HTTP. It trains on the very samples the windowed agent (the same agent on the rollout's
-  model, with Strands' default history) trains on.
+* ``examples/strands/own_client_search_agent.py``: the same plain ``strands.Agent`` on Strands' own
+  streaming ``OpenAIModel`` and its own client (``rllm.agent_loop.own_client=true``): each verl worker
+  serves it the policy over HTTP. It runs in the windowed agent's run, as rollout 1 of every prompt
+  beside the windowed agent's rollout 0 (``fixtures.example_pairs``), and its samples must be the
+  windowed rollout's, token for token.
 
 The rollout server plays a scripted policy from outside rllm (``fixtures.verl_faults``:
 ``scripted_searches``: two searches per agent, then an answer), since a random tiny model never calls a
@@ -80,6 +81,7 @@ class Run:
     metrics: list[dict[str, Any]]
     samples: list[dict[str, Any]]
     rows: list[dict[str, Any]]
+    out: Path
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +122,7 @@ def _train(world: Any, factory: str, name: str, *overrides: str) -> Run:
 
     return Run(proc.returncode, proc.stdout + proc.stderr, [m["data"] for m in lines("metrics.jsonl")],
                [s for s in lines("samples-*.jsonl") if not s["validate"]], [r for r in lines("rows-*.jsonl")
-                                                                          if not r["padding"]])
+                                                                          if not r["padding"]], out)
 
 
 def _per_rollout(run: Run) -> dict[str, list[dict[str, Any]]]:
@@ -147,17 +149,13 @@ def _assert_trained_on_exactly_the_samples_once_per_rollout(run: Run) -> None:
 
 @pytest.fixture(scope="module")
 def windowed(world: Any) -> Run:
-    return _train(world, "windowed_search_agent:windowed_search_agent", "windowed")
+    return _train(world, "fixtures.example_pairs:windowed_beside_own_client", "windowed",
+                  "rllm.agent_loop.own_client=true")
 
 
 @pytest.fixture(scope="module")
 def team(world: Any) -> Run:
     return _train(world, "search_team:search_team", "team")
-
-
-@pytest.fixture(scope="module")
-def own_client(world: Any) -> Run:
-    return _train(world, "own_client_search_agent:own_client_search_agent", "own_client", "rllm.agent_loop.own_client=true")
 
 
 def test_a_plain_strands_agent_whose_history_strands_trims_trains_on_its_samples(windowed: Run) -> None:
@@ -175,11 +173,16 @@ def test_a_researcher_writer_graph_trains_as_one_episode_with_a_sample_per_node(
         assert [s["agent"] for s in samples][-1] == "writer" and samples[0]["agent"] == "researcher"
 
 
-def test_an_agent_on_its_own_openai_client_trains_on_the_samples_it_would_on_the_model(own_client: Run,
-                                                                                       windowed: Run) -> None:
-    _assert_trained_on_exactly_the_samples_once_per_rollout(own_client)
-    # Its context overflowed over HTTP (a 400 context_length_exceeded), Strands trimmed and retried: two samples.
-    assert {len(samples) for samples in _per_rollout(own_client).values()} == {2}
-    # The same policy on the same prompts: the samples are token for token those of the agent on the model.
-    assert sorted((s["ids"], s["mask"]) for s in own_client.samples) == sorted(
-        (s["ids"], s["mask"]) for s in windowed.samples)
+def test_the_same_agent_on_its_own_openai_client_trains_on_the_same_samples(windowed: Run) -> None:
+    # Each prompt's rollout 1 ran the windowed agent on Strands' OpenAIModel and its own client, served by
+    # the worker over HTTP (its overflow a 400 context_length_exceeded, which Strands trims and retries);
+    # rollout 0 ran it on the rollout's model. The policy answers by the prompt: the samples are the same.
+    rollouts = _per_rollout(windowed)
+    pairs: dict[str, dict[str, list[tuple[list[int], list[int]]]]] = {}
+    for rollout, samples in rollouts.items():
+        uid, _, session = rollout.rpartition("_")
+        pairs.setdefault(uid, {})[session] = [(s["ids"], s["mask"]) for s in samples]
+    assert len(pairs) == 2 * 2 and all(set(pair) == {"0", "1"} for pair in pairs.values()), pairs.keys()
+    assert all(pair["0"] == pair["1"] for pair in pairs.values())
+    built = [line for path in windowed.out.glob("own-client-*.txt") for line in path.read_text().splitlines()]
+    assert len(built) == 2 * 2 and all(url.startswith("http://127.0.0.1:") for url in built), built
