@@ -247,16 +247,16 @@ class PolicyServer:
             try:
                 output = await served.engine.get_model_response(body["messages"], tools,
                                                                 session=served.token_session, **sampling)
+                raw = _completion(output, self.model, served.engine)
             except ContextLengthExceededError as error:  # Strands may reduce the history and call again
                 served.error = error
                 return _error(400, f"maximum context length exceeded: {error}", code="context_length_exceeded")
-            except Exception as error:  # noqa: BLE001 - answered, and kept for the rollout to raise typed
-                served.error = error
+            except Exception as error:  # noqa: BLE001 - answered (a bug as a 400, never a 5xx the client would
+                served.error = error  # take for infrastructure), and kept for the rollout to raise typed
                 status = 429 if isinstance(error, EngineThrottledError) else \
                     503 if isinstance(error, InfrastructureError) else 400
                 logger.debug("session %s: call %d failed: %s", session_id, seq, error)
                 return _error(status, f"{type(error).__name__}: {error}", code=type(error).__name__)
-            raw = _completion(output, self.model, served.engine)
             served.traces.append(make_trace(
                 session_id=session_id, seq=seq, no_session=False, model=self.model, backend="rllm-policy-server",
                 params={**body, "messages": body["messages"]}, stream=bool(body.get("stream")), started_at=started,

@@ -139,6 +139,21 @@ async def test_a_failing_engine_ends_the_rollout_on_infrastructure_with_the_engi
     assert "the rollout server is gone" in finished.end.failure
 
 
+class _BrokenEngine(MessageScriptedEngine):
+    async def _generate(self, *args: Any, **kwargs: Any) -> Any:
+        raise ValueError("a bug in the engine")
+
+
+async def test_a_bug_behind_the_server_is_an_error_with_its_cause_never_infrastructure(server: PolicyServer) -> None:
+    family = FAMILIES["qwen3"]
+    engine = _BrokenEngine(family.tokenizer(), _script, tool_parser=family.tool_parser)
+    finished, _ = await _serve(_own_client_agent(server, OpenAIModel), server, engine)
+
+    assert finished.end.reason is TerminationReason.ERROR  # the client saw a 400, not a 5xx it would retry as infra
+    with pytest.raises(ValueError, match="a bug in the engine"):
+        finished.raise_if_unexpected()  # what training does with it: the run stops with the cause
+
+
 async def test_a_prompt_that_fills_the_context_is_strands_context_overflow(server: PolicyServer) -> None:
     agent = _own_client_agent(server, OpenAIModel, conversation_manager=NullConversationManager())
     finished, session = await _serve(agent, server, _engine("qwen3", context_length=40))
