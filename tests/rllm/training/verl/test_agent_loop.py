@@ -549,12 +549,17 @@ def _windowed_replies() -> Any:
     return script
 
 
+async def _windowed_on_the_model(tokenizer: Any) -> tuple[FakeServerManager, list[AgentLoopOutput]]:
+    """The windowed agent on the rollout's model: its server (what it was asked) and the loop's outputs."""
+    server = FakeServerManager(tokenizer, _windowed_replies())
+    loop, _ = build_loop(tokenizer, server, tool_factory=None, agent_factory="fixtures.verl_loop:windowed_agent")
+    return server, await loop.run(dict(SAMPLING), **row())
+
+
 async def test_an_agent_on_its_own_openai_client_trains_on_the_rows_the_same_agent_on_the_model_gives(
         tokenizer, monkeypatch) -> None:
     # The user's agent keeps Strands' own streaming OpenAIModel; the worker serves it the policy over HTTP.
-    on_model = FakeServerManager(tokenizer, _windowed_replies())
-    loop, _ = build_loop(tokenizer, on_model, tool_factory=None, agent_factory="fixtures.verl_loop:windowed_agent")
-    expected = await loop.run(dict(SAMPLING), **row())
+    on_model, expected = await _windowed_on_the_model(tokenizer)
 
     own = FakeServerManager(tokenizer, _windowed_replies())
     loop, config = build_loop(tokenizer, own, tool_factory=None, own_client=True,
@@ -582,9 +587,7 @@ async def test_an_agent_on_its_own_openai_client_trains_on_the_rows_the_same_age
 
 async def test_with_own_client_an_agent_built_on_the_model_it_is_given_still_runs_on_it(tokenizer,
                                                                                         monkeypatch) -> None:
-    on_model = FakeServerManager(tokenizer, _windowed_replies())
-    loop, _ = build_loop(tokenizer, on_model, tool_factory=None, agent_factory="fixtures.verl_loop:windowed_agent")
-    expected = await loop.run(dict(SAMPLING), **row())
+    _, expected = await _windowed_on_the_model(tokenizer)
     server = FakeServerManager(tokenizer, _windowed_replies())
     loop, _ = build_loop(tokenizer, server, tool_factory=None, own_client=True,
                          agent_factory="fixtures.verl_loop:windowed_agent")
