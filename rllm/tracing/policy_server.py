@@ -259,7 +259,7 @@ class PolicyServer:
                 return _error(status, f"{type(error).__name__}: {error}", code=type(error).__name__)
             served.traces.append(make_trace(
                 session_id=session_id, seq=seq, no_session=False, model=self.model, backend="rllm-policy-server",
-                params={**body, "messages": body["messages"]}, stream=bool(body.get("stream")), started_at=started,
+                params=body, stream=bool(body.get("stream")), started_at=started,
                 raw_response=raw))
         if not body.get("stream"):
             return JSONResponse(raw)

@@ -23,17 +23,21 @@ import uuid
 from typing import Any, Protocol
 
 from strands import Agent
+from strands.models.model import Model
 
 from rllm.engine.rollout.token_engine import TokenEngine, TokenSession
 from rllm.errors import ConfigurationError, StoreWriteError, TokenTraceError
 from rllm.integrations.strands._cancel import CANCELLED
 from rllm.integrations.strands.recorder import RolloutRecorder
 from rllm.integrations.strands.rollout import (
+    Built,
     FinishedRollout,
     finished_rollout,
     invoke_agent,
     read_rollout,
+    refuse_other_models,
     rollout_recorder,
+    run_built,
 )
 from rllm.tracing.policy_server import PolicyServer
 from rllm.tracing.session import session
@@ -106,22 +110,44 @@ async def run_served_rollout(
     (``TokenTraceError`` otherwise: the traces do not say what was sampled). Returns the record and
     the session (a ``VerlSession`` carries verl's reports on its generations).
     """
+    recorder = rollout_recorder(agent, recorder, "run_served_rollout")
     session_id = f"rollout-{uuid.uuid4().hex}"
     with server.open(session_id, engine, params) as served:
         finished = await run_traced_rollout(agent, prompt, server, recorder=recorder, timeout_s=timeout_s,
                                             response_length=response_length, wait_s=0.0, session_id=session_id)
     if finished.error is not None and served.error is not None and finished.error is not served.error:
-        recorder = rollout_recorder(agent, recorder, "run_served_rollout")
         finished = dataclasses.replace(finished, end=read_rollout(recorder, served.error), error=served.error)
     _check_samples(finished, served.token_session, session_id)
     return finished, served.token_session
 
 
+async def run_factory_built(
+    built: Built, prompt: Any, recorders: dict[str, RolloutRecorder], model: Model, engine: TokenEngine, *,
+    server: PolicyServer | None, who: str, fix: str, params: dict[str, Any] | None = None,
+    timeout_s: float | None = None, response_length: int | None = None,
+) -> tuple[FinishedRollout, list[TokenSession]]:
+    """Run what an agent factory built on ``model`` in training: the record and the token sessions of its samples.
+
+    With ``server`` (``own_client``), one ``Agent`` on its own client is served the policy by ``engine``
+    (``run_served_rollout``). Anything else runs on ``model`` (``run_built``); an agent or team node on
+    another model is refused first, ``who`` naming what built it and ``fix`` what to do without a server.
+    """
+    if server is not None and isinstance(built, Agent) and built.model is not model:
+        (recorder,) = recorders.values()
+        finished, session = await run_served_rollout(built, prompt, server, engine, recorder=recorder, params=params,
+                                                     timeout_s=timeout_s, response_length=response_length)
+        return finished, [session]
+    refuse_other_models(built, model, who, fix if server is None else
+                        "build every node on the model it is given (own_client serves one Agent, not a team's nodes)")
+    finished = await run_built(built, prompt, recorders, timeout_s=timeout_s, response_length=response_length)
+    return finished, [s for r in recorders.values() for s in r.token_sessions]
+
+
 def _check_samples(finished: FinishedRollout, token_session: TokenSession, session_id: str) -> None:
     """The record's token sequences are the ones the engine sampled (prompt, sampled ids, mask, logprobs)."""
-    recorded = [t.token_trace for t in finished.trajectories if t.token_trace is not None]
+    recorded = [t.token_trace for t in finished.trajectories if t.token_trace is not None and t.token_trace.num_turns]
     sampled = [t for t in token_session.samples if t.num_turns]
-    if [_fields(t) for t in recorded if t.num_turns] != [_fields(t) for t in sampled]:
+    if [_fields(t) for t in recorded] != [_fields(t) for t in sampled]:
         raise TokenTraceError(
             f"session {session_id}: the {len(recorded)} token sequence(s) read from the policy server's traces are "
             f"not the {len(sampled)} sample(s) its engine recorded; training on them would train on tokens that "

@@ -13,20 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from strands import Agent
-
 from rllm.engine.rollout.token_engine import TokenEngine
 from rllm.errors import RolloutCancelledError, ToolBackendError
-from rllm.integrations.strands import Budget, RLLMModel, run_served_rollout
-from rllm.integrations.strands.rollout import (
-    AgentFactory,
-    Built,
-    FinishedRollout,
-    build_agent,
-    record_built,
-    refuse_other_models,
-    run_built,
-)
+from rllm.integrations.strands import Budget, RLLMModel
+from rllm.integrations.strands.rollout import AgentFactory, Built, build_agent, record_built
+from rllm.integrations.strands.traced import run_factory_built
 from rllm.tracing.policy_server import PolicyServer
 from rllm.types import TerminationReason
 
@@ -86,17 +77,10 @@ async def _run_one(
     else:
         built = agent_factory(model, dict(request.task or {"prompt": request.prompt}))
     recorders = record_built(built, budget=budget)
-    finished: FinishedRollout
-    if policy_server is not None and isinstance(built, Agent) and built.model is not model:
-        (recorder,) = recorders.values()
-        finished, _ = await run_served_rollout(built, request.prompt, policy_server, engine, recorder=recorder,
-                                               params=dict(request.sampling), response_length=response_length)
-    else:
-        fix = ("build every node on the model it is given (own_client serves one Agent, not a team's nodes)"
-               if policy_server is not None else
-               "build it on the model it is given, or, for an agent on its own OpenAI client, pass own_client=True")
-        refuse_other_models(built, model, "run_rollouts: agent_factory", fix)
-        finished = await run_built(built, request.prompt, recorders, response_length=response_length)
+    finished, _ = await run_factory_built(
+        built, request.prompt, recorders, model, engine, server=policy_server, who="run_rollouts: agent_factory",
+        fix="build it on the model it is given, or, for an agent on its own OpenAI client, pass own_client=True",
+        params=dict(request.sampling), response_length=response_length)
     finished.raise_if_unexpected()
     end = finished.end
     if end.infra_failure:

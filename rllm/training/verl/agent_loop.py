@@ -51,16 +51,9 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 
 from rllm.engine.rollout.verl_engine import VerlEngine, VerlSession
 from rllm.errors import ConfigurationError
-from rllm.integrations.strands import Budget, RLLMModel, RolloutRecorder, describe_failure, run_served_rollout
-from rllm.integrations.strands.rollout import (
-    Built,
-    FinishedRollout,
-    build_agent,
-    built_agents,
-    record_built,
-    refuse_other_models,
-    run_built,
-)
+from rllm.integrations.strands import Budget, RLLMModel, RolloutRecorder, describe_failure
+from rllm.integrations.strands.rollout import Built, FinishedRollout, build_agent, built_agents, record_built
+from rllm.integrations.strands.traced import run_factory_built
 from rllm.parser import get_tool_parser
 from rllm.tokens.renderer import content_text
 from rllm.tracing.policy_server import PolicyServer
@@ -386,17 +379,12 @@ class StrandsAgentLoop(AgentLoopBase):
         prompt: Any = conversation
         if len(conversation) == 1 and conversation[0]["role"] == "user":
             prompt = conversation[0]["content"][0]["text"]
-        if isinstance(built, Agent) and built.model is not model:  # on its own client (_agent allowed it)
-            assert policy_server is not None
-            (recorder,) = recorders.values()
-            finished, session = await run_served_rollout(
-                built, prompt, policy_server, engine, recorder=recorder, params=params,
-                timeout_s=self.settings.timeout_s, response_length=self.response_length)
-            sessions = [session]
-        else:
-            finished = await run_built(built, prompt, recorders, timeout_s=self.settings.timeout_s,
-                                       response_length=self.response_length)
-            sessions = [s for r in recorders.values() for s in r.token_sessions]
+        finished, sessions = await run_factory_built(
+            built, prompt, recorders, model, engine, server=policy_server if self.settings.own_client else None,
+            who=f"{SETTINGS_KEY}.agent_factory={self.settings.agent_factory}",
+            fix="build it on the model it is given, whose token engine records what training needs, or, for an "
+                f"agent on its own OpenAI client, set {SETTINGS_KEY}.own_client: true",
+            params=params, timeout_s=self.settings.timeout_s, response_length=self.response_length)
         finished.raise_if_unexpected()
         return self._outputs(built_agents(built), sessions, finished, kwargs)
 
@@ -404,7 +392,8 @@ class StrandsAgentLoop(AgentLoopBase):
                row: dict[str, Any]) -> tuple[Built, dict[str, RolloutRecorder]]:
         """The rollout's agent (or team) and its recorders: from ``tool_factory``, or the user's ``agent_factory``.
 
-        A factory's agent is built on ``model``, or with ``own_client`` it may be one ``Agent`` on its own client.
+        A factory's agent is built on ``model``, or with ``own_client`` it may be one ``Agent`` on its own
+        client; ``run_factory_built`` refuses anything else before it runs.
         """
         settings = self.settings
         if settings.agent_factory is None:
@@ -421,12 +410,6 @@ class StrandsAgentLoop(AgentLoopBase):
                                      infra_exceptions=settings.infra_exceptions)
         except TypeError as error:  # not an Agent, Swarm or Graph, or a team with a node rllm cannot record
             raise ConfigurationError(f"{SETTINGS_KEY}.agent_factory={factory}: {error}") from error
-        if not (settings.own_client and isinstance(built, Agent)):
-            fix = ("build every node on the model it is given (own_client serves one Agent, not a team's nodes)"
-                   if settings.own_client else
-                   "build it on the model it is given, whose token engine records what training needs, or, for an "
-                   f"agent on its own OpenAI client, set {SETTINGS_KEY}.own_client: true")
-            refuse_other_models(built, model, f"{SETTINGS_KEY}.agent_factory={factory}", fix)
         return built, recorders
 
     def _outputs(self, agents: list[Agent], token_sessions: list[Any], finished: FinishedRollout,
