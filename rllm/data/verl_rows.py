@@ -3,17 +3,27 @@
 A verl row (``verl.utils.dataset.RLHFDataset``) has ``prompt`` (chat messages; verl hands them to
 the agent loop as ``raw_prompt``), ``data_source``, ``reward_model.ground_truth``, ``extra_info``
 (with an integer ``index``) and ``agent_name`` (which agent loop runs the row). Every row has the
-same keys and types, since parquet needs one schema for the whole file. What goes into a row for
-a given task (prompt, answer, metadata) is the agent's business (``rllm.agents.search.search_verl_rows``).
+same keys and types, since parquet needs one schema for the whole file. ``task_rows`` turns a
+user's own tasks into rows, each task kept whole as JSON in ``extra_info.task`` (``row_task`` reads
+it back); a recipe's agent may write its own rows instead (``rllm.agents.search.search_verl_rows``).
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from rllm.data.tasks import default_task_to_prompt
+from rllm.errors import ConfigurationError
+
 AGENT_NAME = "strands_agent"
 """The agent-loop name of ``StrandsAgentLoop`` in the recipe's agent-loop YAML."""
+TASK_FIELD = "task"
+"""The ``extra_info`` field that holds a user's task as JSON (``task_rows``)."""
+ROW_COLUMNS = ("prompt", "reward_model", "extra_info")
+"""The columns that make a file verl rows rather than a user's tasks."""
 
 
 def verl_row(
@@ -58,3 +68,52 @@ def write_parquet(rows: list[dict[str, Any]], path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_parquet(path, index=False)
     return path
+
+
+def task_rows(
+    tasks: Sequence[dict[str, Any]],
+    split: str,
+    *,
+    task_to_prompt: Callable[[dict[str, Any]], Any] | None = None,
+    agent_name: str = AGENT_NAME,
+) -> list[dict[str, Any]]:
+    """Verl rows for a user's own tasks: the user message from ``task_to_prompt``, the task whole in ``extra_info``.
+
+    The prompt holds the user message only: the agent's system prompt is the factory's (or the recipe's
+    ``rllm.agent_loop.system_prompt``). ``data_source`` is the task's own when it has one (verl logs
+    validation per source), and ``ground_truth`` its ``answer`` as text (the reward reads the task, not it).
+    ``ConfigurationError`` names a task that is not JSON-serialisable or whose prompt is not text.
+    """
+    to_prompt = task_to_prompt or default_task_to_prompt
+    rows = []
+    for index, task in enumerate(tasks):
+        try:
+            question = to_prompt(task)
+        except KeyError as error:
+            raise ConfigurationError(f"{split} task {index}: {error.args[0] if error.args else error}") from None
+        if not isinstance(question, str):
+            raise ConfigurationError(f"{split} task {index}: task_to_prompt gave a {type(question).__name__}; "
+                                     "training rows need the user message as text")
+        try:
+            encoded = json.dumps(task, sort_keys=True)
+        except (TypeError, ValueError) as error:
+            raise ConfigurationError(f"{split} task {index} is not JSON-serialisable ({error}); training stores each "
+                                     "task whole in its row") from None
+        row = verl_row(index=index, split=split, system_prompt="", question=question,
+                       data_source=str(task.get("data_source") or "tasks"),
+                       ground_truth="" if task.get("answer") is None else str(task["answer"]),
+                       extra_info={"id": str(task.get("id", index)), TASK_FIELD: encoded}, agent_name=agent_name)
+        row["prompt"] = row["prompt"][1:]  # no system message: the agent's own
+        rows.append(row)
+    return rows
+
+
+def row_task(row: dict[str, Any]) -> dict[str, Any] | None:
+    """The user's task a row of ``task_rows`` holds (``None`` for a row written another way)."""
+    encoded = (row.get("extra_info") or {}).get(TASK_FIELD)
+    return None if encoded is None else json.loads(encoded)
+
+
+def is_verl_rows(columns: Sequence[str]) -> bool:
+    """Whether a file with these columns is verl rows already (else it holds a user's tasks)."""
+    return all(column in columns for column in ROW_COLUMNS)

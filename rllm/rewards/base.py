@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
+import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
+
+from rllm.errors import ConfigurationError
 
 
 @dataclass
@@ -28,3 +32,21 @@ class RewardFn(Protocol):
     def __call__(self, task: dict[str, Any], response: str) -> RewardOutput:
         """Score one answer to ``task``."""
         ...
+
+
+async def score_answer(reward_fn: Any, task: dict[str, Any], final_answer: str) -> RewardOutput:
+    """``reward_fn(task, final_answer)`` as a ``RewardOutput``, awaited when it is async.
+
+    A reward function may return a ``RewardOutput`` or a number (``is_correct`` is then ``reward > 0``);
+    anything else is a ``ConfigurationError`` naming the function: it would be trained on as nothing.
+    """
+    result = reward_fn(task, final_answer)
+    if inspect.isawaitable(result):
+        result = await result
+    if isinstance(result, RewardOutput):
+        return result
+    if isinstance(result, int | float) and not isinstance(result, bool) and math.isfinite(result):
+        return RewardOutput(reward=float(result), is_correct=result > 0)
+    name = getattr(reward_fn, "__qualname__", type(reward_fn).__name__)
+    raise ConfigurationError(f"reward function {name} returned {result!r}; it returns a RewardOutput or a finite "
+                             "number")

@@ -11,7 +11,6 @@ Nothing here blocks the event loop, so a pool of N instances really runs N agent
 
 from __future__ import annotations
 
-import inspect
 import logging
 import traceback
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from typing import Any
 
 from strands import Agent
 
+from rllm.data.tasks import default_task_to_prompt
 from rllm.engine.rollout.base import RolloutEngine
 from rllm.errors import ConfigurationError
 from rllm.integrations.strands import Budget, RLLMModel, RolloutRecorder, run_traced_rollout
@@ -33,23 +33,17 @@ from rllm.integrations.strands.rollout import (
     run_built,
     trajectory_metrics,
 )
-from rllm.rewards.base import RewardOutput
+from rllm.rewards.base import RewardOutput, score_answer
 from rllm.tracing.store import TraceStore
 from rllm.types import Episode, TerminationReason
 from rllm.workflows.base import Workflow
 
 logger = logging.getLogger(__name__)
 
+__all__ = ["StrandsWorkflow", "default_task_to_prompt"]
+
 TaskToPrompt = Callable[[dict[str, Any]], Any]
 Tools = list[Any] | Callable[[], list[Any]]
-
-
-def default_task_to_prompt(task: dict[str, Any]) -> str:
-    """The task's ``question`` (or ``prompt``) as the user message."""
-    for key in ("question", "prompt", "problem"):
-        if isinstance(task.get(key), str):
-            return task[key]
-    raise KeyError(f"task {task.get('id', '?')} has no 'question', 'prompt' or 'problem'; pass task_to_prompt")
 
 
 class StrandsWorkflow(Workflow):
@@ -60,8 +54,8 @@ class StrandsWorkflow(Workflow):
         tools: Strands tools, or a factory called once per instance for tools that hold
             per-agent state (a work directory, a session). Not with ``agent_factory``.
         system_prompt: The agent's system prompt. Not with ``agent_factory``.
-        reward_fn: ``reward_fn(task, final_answer_text) -> RewardOutput`` (may be async); ``None``
-            leaves episodes unscored.
+        reward_fn: ``reward_fn(task, final_answer_text)`` returning a ``RewardOutput`` or a number (may
+            be async); ``None`` leaves episodes unscored.
         agent_factory: ``agent_factory(model, task)`` returning any Strands ``Agent`` built on
             ``model`` (the workflow's ``RLLMModel``), or a ``Swarm`` or ``Graph`` of such agents (one
             episode, one trajectory per node and sample), called for every task; instead of ``tools``.
@@ -189,9 +183,7 @@ class StrandsWorkflow(Workflow):
         info: dict[str, Any] = {"final_answer": end.final_answer}
         reward = RewardOutput(reward=0.0, is_correct=False, metadata={"reason": "no reward function"})
         if self.reward_fn is not None:
-            reward = self.reward_fn(task, end.final_answer)
-            if inspect.isawaitable(reward):
-                reward = await reward
+            reward = await score_answer(self.reward_fn, task, end.final_answer)
             info["reward"] = reward.metadata
         for trajectory in trajectories:  # one outcome for the rollout, whatever its samples
             trajectory.reward = reward.reward
