@@ -171,6 +171,10 @@ class TrainingGuardError(RLLMError):
         self.step = step
 
 
+class TrainingRunError(RLLMError):
+    """A training run (verl's trainer in its own process) ended with a non-zero status; the message holds its cause."""
+
+
 class TokenDataError(RLLMError, ValueError):
     """Base: the token data of a rollout would be wrong (never masked: it is a bug or a misconfiguration)."""
 

@@ -7,10 +7,12 @@
 # --smoke runs two real steps of the recipe on this machine (one GPU with the embedded rollout
 # backend, or the CPU with --cpu) before a cluster is rented; every step prints the training guards.
 #
-# Checks that the retrieval server answers at $RETRIEVAL_SERVER_URL (start it with
-# `bash rag/launch_rag.sh`) and accepts $RETRIEVAL_TOKEN on an authenticated POST /retrieve, then
-# runs examples/strands/train_strands_agent.py with the overrides passed through. --dry-run and --help only compose, validate and print the config:
-# no GPU, no Ray, no retrieval server.
+# Runs examples/strands/train_strands_agent.py (python -m rllm.training.verl.train) with the overrides
+# passed through. Before Ray starts, the launcher tries the agent, its tools and its reward on the first
+# training row and, when the agent's tools search (local_search), checks that the retrieval server at
+# $RETRIEVAL_SERVER_URL (start it with `bash rag/launch_rag.sh`) accepts $RETRIEVAL_TOKEN on an
+# authenticated search. --dry-run does all the checks but the retrieval server's and prints the config;
+# --help prints the config as composed: no GPU, no Ray, no retrieval server.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -46,7 +48,7 @@ Options:
   --smoke     two real steps of the recipe on this machine: 2 prompts x 2 rollouts, the embedded
               rollout backend (torch + transformers) on one GPU, guards printed every step
   --cpu       run verl on the CPU (tests, laptops): fp32, FSDP2, gloo; never chosen by itself
-  -h, --help  this text, then the resolved config (as --dry-run)
+  -h, --help  this text, then the resolved config (as composed: nothing checked)
 
 Resolved config:
 EOF
@@ -65,39 +67,10 @@ done
 
 if [[ $help -eq 1 ]]; then
   usage
-  exec "$PYTHON" "$ROOT/examples/strands/train_strands_agent.py" --dry-run ${args[@]+"${args[@]}"}
+  exec "$PYTHON" "$ROOT/examples/strands/train_strands_agent.py" --print-config ${args[@]+"${args[@]}"}
 fi
 if [[ $dry_run -eq 1 ]]; then
   exec "$PYTHON" "$ROOT/examples/strands/train_strands_agent.py" --dry-run ${args[@]+"${args[@]}"}
 fi
-
-"$PYTHON" - "$RETRIEVAL_SERVER_URL" <<'PY'
-import asyncio
-import os
-import sys
-
-import httpx
-
-from rag.client import RetrievalError, check_search
-
-base = sys.argv[1].rstrip("/")
-url = base + "/health"
-try:
-    response = httpx.get(url, timeout=10.0)
-    response.raise_for_status()
-except httpx.HTTPError as error:
-    sys.exit(
-        f"retrieval server is not healthy at {url}: {error}\n"
-        "start it with `bash rag/launch_rag.sh` (or set RETRIEVAL_SERVER_URL), then run this again"
-    )
-print(f"retrieval server OK at {url}: {response.text[:200]}")
-# /health needs no token: prove the rollout workers' search works, token included.
-try:
-    hits = asyncio.run(check_search(base, os.environ.get("RETRIEVAL_TOKEN") or None))
-except RetrievalError as error:
-    sys.exit(f"an authenticated POST {base}/retrieve failed: {error}\n"
-             "training would drop or fail every rollout; fix this, then run this again")
-print(f"authenticated POST {base}/retrieve OK ({len(hits)} passage)")
-PY
 
 exec "$PYTHON" "$ROOT/examples/strands/train_strands_agent.py" ${args[@]+"${args[@]}"}

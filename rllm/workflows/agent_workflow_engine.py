@@ -179,6 +179,8 @@ class _FailureMonitor:
         elif reason is TerminationReason.ERROR and not resumed:
             group = self.errors.setdefault(error_signature(cause), [])
             group.append(episode)
+            if len(group) == 1:  # each distinct cause once, where the user reads the run (it is in info too)
+                logger.warning("%s ended on an error, not scored (a bug or a misconfiguration): %s", episode.id, cause)
             if self.max_same_errors is not None and len(group) >= self.max_same_errors:
                 self.example = group[0]
                 return SystemicFailureError(str(group[0].info.get("error") or cause), len(group),

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from strands import Agent
+from strands.handlers.callback_handler import PrintingCallbackHandler, null_callback_handler
 from strands.models.model import Model
 from strands.multiagent.base import MultiAgentBase
 
@@ -387,6 +388,20 @@ def built_agents(built: Built) -> list[Agent]:
     if isinstance(built, Agent):
         return [built]
     return [node.executor for node in getattr(built, "nodes", {}).values() if isinstance(node.executor, Agent)]
+
+
+def silence_printing(built: Built) -> int:
+    """Give every agent that kept Strands' default ``PrintingCallbackHandler`` the null handler; how many.
+
+    Strands' default prints every sampled token to stdout: in training, hundreds of rollouts at once
+    would flood the log. A handler the user chose stays.
+    """
+    silenced = 0
+    for agent in built_agents(built):
+        if isinstance(agent.callback_handler, PrintingCallbackHandler):
+            agent.callback_handler = null_callback_handler
+            silenced += 1
+    return silenced
 
 
 def refuse_other_models(built: Built, model: Any, who: str, fix: str) -> None:

@@ -121,6 +121,19 @@ async def run_served_rollout(
     return finished, served.token_session
 
 
+def check_factory_built(built: Built, model: Model, *, own_client: bool, who: str, fix: str) -> bool:
+    """Whether what a factory built runs on its own client (served); ``ConfigurationError`` for what cannot train.
+
+    With ``own_client`` one ``Agent`` on another model is served; anything else must run on ``model``
+    (an agent or team node on another model is refused, ``who`` naming what built it and ``fix`` what to do).
+    """
+    if own_client and isinstance(built, Agent) and built.model is not model:
+        return True
+    refuse_other_models(built, model, who, fix if not own_client else
+                        "build every node on the model it is given (own_client serves one Agent, not a team's nodes)")
+    return False
+
+
 async def run_factory_built(
     built: Built, prompt: Any, recorders: dict[str, RolloutRecorder], model: Model, engine: TokenEngine, *,
     server: PolicyServer | None, who: str, fix: str, params: dict[str, Any] | None = None,
@@ -132,13 +145,12 @@ async def run_factory_built(
     (``run_served_rollout``). Anything else runs on ``model`` (``run_built``); an agent or team node on
     another model is refused first, ``who`` naming what built it and ``fix`` what to do without a server.
     """
-    if server is not None and isinstance(built, Agent) and built.model is not model:
+    if check_factory_built(built, model, own_client=server is not None, who=who, fix=fix):
         (recorder,) = recorders.values()
+        assert server is not None and isinstance(built, Agent)
         finished, session = await run_served_rollout(built, prompt, server, engine, recorder=recorder, params=params,
                                                      timeout_s=timeout_s, response_length=response_length)
         return finished, [session]
-    refuse_other_models(built, model, who, fix if server is None else
-                        "build every node on the model it is given (own_client serves one Agent, not a team's nodes)")
     finished = await run_built(built, prompt, recorders, timeout_s=timeout_s, response_length=response_length)
     return finished, [s for r in recorders.values() for s in r.token_sessions]
 

@@ -49,15 +49,25 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from strands import Agent
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
 
+from rllm.data.verl_rows import row_task
 from rllm.engine.rollout.verl_engine import VerlEngine, VerlSession
 from rllm.errors import ConfigurationError
 from rllm.integrations.strands import Budget, RLLMModel, RolloutRecorder, describe_failure
-from rllm.integrations.strands.rollout import Built, FinishedRollout, build_agent, built_agents, record_built
+from rllm.integrations.strands.rollout import (
+    Built,
+    FinishedRollout,
+    build_agent,
+    built_agents,
+    record_built,
+    silence_printing,
+)
 from rllm.integrations.strands.traced import run_factory_built
 from rllm.parser import get_tool_parser
+from rllm.rewards.base import score_answer
 from rllm.tokens.renderer import content_text
 from rllm.tracing.policy_server import PolicyServer
 from rllm.training.verl._dotted import import_object
+from rllm.training.verl.reward import CORRECT_FIELD, REWARD_FIELD
 from rllm.training.verl.secrets import receive_secrets
 from rllm.types import TerminationReason
 
@@ -117,6 +127,10 @@ class LoopSettings:
             HTTP (``rllm.tracing.PolicyServer``, its address in ``RLLM_POLICY_*``), each call on the
             rollout's engine, and the rollout is read from the server's traces (``run_served_rollout``).
             An agent the factory builds on the model it is given runs on that model as without it.
+        reward_fn: ``module:function`` (the recipe's ``rllm.reward_fn``) with ``function(task, final_answer)``
+            returning a ``RewardOutput`` or a number, as ``StrandsWorkflow`` scores: the loop scores each
+            finished rollout with it and the reward function verl calls reads that score. ``None``: the
+            recipe's ``reward_kwargs.scorer`` scores instead.
     """
 
     tool_factory: str | None
@@ -129,10 +143,13 @@ class LoopSettings:
     max_tokens_per_turn: int | None = None
     agent_factory: str | None = None
     own_client: bool = False
+    reward_fn: str | None = None
 
 
 _BLOCK_KEYS = ("tool_factory", "agent_factory", "tool_kwargs", "system_prompt", "budget", "timeout_s",
                "infra_exceptions", "max_tokens_per_turn", "own_client")
+REWARD_KEY = "rllm.reward_fn"
+"""The recipe's reward: ``module:function`` scoring ``(task, final_answer)`` as evaluation does."""
 
 
 def _budget(value: Any) -> Budget:
@@ -201,7 +218,11 @@ def loop_settings(config: Any) -> LoopSettings:
     per_turn = values.get("max_tokens_per_turn")
     if per_turn is not None and int(per_turn) < 1:
         raise ValueError(f"{SETTINGS_KEY}.max_tokens_per_turn must be at least 1 (or null), got {per_turn}")
+    reward_fn = OmegaConf.select(config, REWARD_KEY, default=None)
+    if reward_fn is not None and not isinstance(reward_fn, str):
+        raise ValueError(f"{REWARD_KEY} must be a dotted path like 'my_module:my_reward', got {reward_fn!r}")
     return LoopSettings(
+        reward_fn=reward_fn or None,
         tool_factory=str(values["tool_factory"]) if values.get("tool_factory") else None,
         agent_factory=str(values["agent_factory"]) if values.get("agent_factory") else None,
         tool_kwargs=dict(values.get("tool_kwargs") or {}),
@@ -260,6 +281,20 @@ def _plain(value: Any) -> Any:
     if hasattr(value, "tolist") and not isinstance(value, str | bytes):
         return value.tolist()
     return value
+
+
+def factory_refusal(settings: LoopSettings) -> dict[str, str]:
+    """``who`` and ``fix`` for ``check_factory_built``: what built a refused agent, and what to do instead."""
+    return {"who": f"{SETTINGS_KEY}.agent_factory={settings.agent_factory}",
+            "fix": "build it on the model it is given, whose token engine records what training needs, or, for an "
+                   f"agent on its own OpenAI client, set {SETTINGS_KEY}.own_client: true"}
+
+
+def row_task_or_row(row: dict[str, Any]) -> dict[str, Any]:
+    """What the factory and the reward get: the user's task a row of ``task_rows`` holds, else the row itself."""
+    plain = {key: _plain(value) for key, value in row.items()}
+    task = row_task(plain)
+    return plain if task is None else task
 
 
 def split_prompt(raw_prompt: Any) -> tuple[str | None, list[dict[str, Any]]]:
@@ -381,12 +416,16 @@ class StrandsAgentLoop(AgentLoopBase):
             prompt = conversation[0]["content"][0]["text"]
         finished, sessions = await run_factory_built(
             built, prompt, recorders, model, engine, server=policy_server if self.settings.own_client else None,
-            who=f"{SETTINGS_KEY}.agent_factory={self.settings.agent_factory}",
-            fix="build it on the model it is given, whose token engine records what training needs, or, for an "
-                f"agent on its own OpenAI client, set {SETTINGS_KEY}.own_client: true",
-            params=params, timeout_s=self.settings.timeout_s, response_length=self.response_length)
+            **factory_refusal(self.settings), params=params, timeout_s=self.settings.timeout_s,
+            response_length=self.response_length)
         finished.raise_if_unexpected()
-        return self._outputs(built_agents(built), sessions, finished, kwargs)
+        outputs = self._outputs(built_agents(built), sessions, finished, kwargs)
+        if self.settings.reward_fn is not None and finished.end.scored:
+            reward = await score_answer(import_object(self.settings.reward_fn), row_task_or_row(kwargs),
+                                        finished.end.final_answer)
+            for output in outputs:
+                output.extra_fields.update({REWARD_FIELD: float(reward.reward), CORRECT_FIELD: bool(reward.is_correct)})
+        return outputs
 
     def _agent(self, model: RLLMModel, system: str | None,
                row: dict[str, Any]) -> tuple[Built, dict[str, RolloutRecorder]]:
@@ -404,12 +443,13 @@ class StrandsAgentLoop(AgentLoopBase):
             return agent, {self.name: agent.recorder}
         receive_secrets()
         factory = settings.agent_factory
-        built = import_object(factory)(model, {key: _plain(value) for key, value in row.items()})
+        built = import_object(factory)(model, row_task_or_row(row))
         try:
             recorders = record_built(built, name=self.name, budget=settings.budget,
                                      infra_exceptions=settings.infra_exceptions)
         except TypeError as error:  # not an Agent, Swarm or Graph, or a team with a node rllm cannot record
             raise ConfigurationError(f"{SETTINGS_KEY}.agent_factory={factory}: {error}") from error
+        silence_printing(built)
         return built, recorders
 
     def _outputs(self, agents: list[Agent], token_sessions: list[Any], finished: FinishedRollout,

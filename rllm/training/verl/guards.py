@@ -21,7 +21,9 @@ never an accident.
   stops: a dropped rollout can leave one).
 * ``max_truncated_share``: the share of responses cut at ``response_length``. Stop above it.
 * ``max_steps_without_signal``: steps in a row whose reward is constant within every group (no
-  gradient at all). Stop after that many.
+  gradient at all). Stop after that many. The first step without one is a warning, and a run that
+  ends without a single step with one (a two-step smoke run that never reached the limit) ends with
+  ``TrainingGuardError`` "no learning signal" (``check_run_end``); ``null`` turns both off.
 * tool calls per episode falling to zero after they were above it: a warning with the step (a
   policy may legitimately stop calling tools, but never unnoticed).
 * a loss or entropy that is NaN or infinite, or a NaN gradient norm, stops with the step, always (an
@@ -195,6 +197,8 @@ class TrainingGuards:
     def __init__(self, settings: GuardSettings) -> None:
         self.settings = settings
         self.steps_without_signal = 0
+        self.steps_with_signal = 0
+        self.steps_checked = 0
         self.tools_were_used = False
 
     def check(self, step: int, metrics: dict[str, Any], rollouts: StepRollouts | None = None) -> list[str]:
@@ -267,7 +271,13 @@ class TrainingGuards:
                     "or lower the agent's budget", step=step)
         signal = metrics.get(f"{PREFIX}groups_with_signal_share")
         if signal is not None:
+            self.steps_checked += 1
+            self.steps_with_signal += signal > 0
             self.steps_without_signal = self.steps_without_signal + 1 if signal == 0 else 0
+            if self.steps_checked == 1 and signal == 0 and s.max_steps_without_signal is not None:
+                warnings.append(f"step {step}: every group's rollouts got the same reward, so every advantage is "
+                                "zero and this step trains nothing (no learning signal); check the reward function "
+                                "on this policy's answers")
             if s.max_steps_without_signal is not None and self.steps_without_signal >= s.max_steps_without_signal:
                 raise TrainingGuardError(
                     f"step {step}: the reward was the same for every rollout of every group for "
@@ -282,6 +292,17 @@ class TrainingGuards:
         for warning in warnings:
             logger.warning("training guard: %s", warning)
         return warnings
+
+
+    def check_run_end(self, step: int) -> None:
+        """Raise at the end of a run in which no step had a group whose rewards varied: it learned nothing."""
+        if self.settings.max_steps_without_signal is None or not self.steps_checked or self.steps_with_signal:
+            return
+        raise TrainingGuardError(
+            f"no learning signal: in all {self.steps_checked} step(s) every rollout of every group got the same "
+            "reward, so every advantage was zero and the weights never moved; check the reward function on this "
+            "policy's answers, or raise actor_rollout_ref.rollout.n (rllm.guards.max_steps_without_signal=null "
+            "turns this off)", step=step)
 
 
 def summary_line(step: int, metrics: dict[str, Any]) -> str:

@@ -1,12 +1,13 @@
 """The verl custom reward function for Strands agents: score the final answer only.
 
 Configured as ``reward.custom_reward_function.path: pkg://rllm.training.verl.reward`` (name
-``compute_score``) with ``reward_kwargs.scorer`` naming the agent's scorer (the search agent's is
-``rllm.agents.search:score_search_answer``). verl's naive reward manager calls it once per rollout
-with the decoded response, which here holds every turn, tool output included; the answer is
-therefore read from ``extra_info["final_answer"]``, the agent's last message as
-``StrandsAgentLoop`` recorded it (verl merges the loop's ``extra_fields`` into ``extra_info``),
-never parsed out of that text.
+``compute_score``). With ``rllm.reward_fn`` (the workflow's ``reward_fn(task, final_answer)``) the
+agent loop has scored the rollout already and this returns that score; otherwise
+``reward_kwargs.scorer`` names the agent's scorer (the search recipe's is
+``rllm.agents.search:score_search_answer``). verl calls it once per rollout with the decoded
+response, which holds every turn, tool output included; the answer is read from
+``extra_info["final_answer"]``, the agent's last message as ``StrandsAgentLoop`` recorded it (verl
+merges the loop's ``extra_fields`` into ``extra_info``), never parsed out of that text.
 """
 
 from __future__ import annotations
@@ -14,7 +15,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from rllm.errors import ConfigurationError
 from rllm.training.verl._dotted import import_object
+
+REWARD_FIELD = "rllm_reward"
+"""The ``extra_fields`` entry where ``StrandsAgentLoop`` puts its score with ``rllm.reward_fn``."""
+CORRECT_FIELD = "rllm_is_correct"
+"""The ``extra_fields`` entry where it puts whether that score counts as correct."""
 
 logger = logging.getLogger(__name__)
 
@@ -25,10 +32,10 @@ def compute_score(
     ground_truth: Any,
     extra_info: dict[str, Any] | None = None,
     *,
-    scorer: str,
+    scorer: str | None = None,
     **scorer_kwargs: Any,
 ) -> dict[str, float]:
-    """Score one rollout's final answer with the agent's scorer.
+    """Score one rollout's final answer: the loop's score with ``rllm.reward_fn``, else the recipe's scorer.
 
     Args:
         data_source: The row's ``data_source`` (unused: the scorer knows its data).
@@ -36,11 +43,11 @@ def compute_score(
         ground_truth: ``reward_model.ground_truth``: the answer, or a list of accepted aliases.
         extra_info: The row's ``extra_info`` merged with the loop's ``extra_fields``.
         scorer: ``module:function`` with ``function(task, final_answer, **scorer_kwargs)`` returning
-            ``score`` plus numbers verl logs per validation data source.
+            ``score`` plus numbers verl logs per validation data source; ``None`` with ``rllm.reward_fn``.
         **scorer_kwargs: The rest of ``reward_kwargs`` (e.g. ``partial_credit``).
 
     Returns:
-        The scorer's numbers plus ``tool_calls``.
+        ``score`` and the scorer's other numbers (``correct`` with ``rllm.reward_fn``), plus ``tool_calls``.
     """
     info = extra_info or {}
     if "final_answer" not in info:
@@ -48,13 +55,15 @@ def compute_score(
             "extra_info has no 'final_answer': this reward scores rollouts of "
             "rllm.training.verl.agent_loop.StrandsAgentLoop (set agent_name / default_agent_loop)"
         )
+    tool_calls = float(info.get("num_tool_calls") or 0)
+    if REWARD_FIELD in info:  # scored by the loop with the workflow's reward function
+        return {"score": float(info[REWARD_FIELD]), "correct": float(bool(info.get(CORRECT_FIELD))),
+                "tool_calls": tool_calls}
+    if scorer is None:
+        raise ConfigurationError("the rollout has no score: set rllm.reward_fn (module:function scoring "
+                                 "(task, final_answer)) or reward.custom_reward_function.reward_kwargs.scorer")
     score = import_object(scorer)
     task = {"id": info.get("id"), "answer": _plain(ground_truth)}
-    tool_calls = float(info.get("num_tool_calls") or 0)
-    if info.get("infra_failure"):
-        # Only the legacy v0 trainer gets here (v1 drops the rollout); its mask is all zero.
-        logger.warning("scoring an infrastructure failure as 0 with no gradient: %s", info.get("infra_error"))
-        return {**{key: 0.0 for key in score(task, "", **scorer_kwargs)}, "tool_calls": tool_calls}
     return {**score(task, info["final_answer"], **scorer_kwargs), "tool_calls": tool_calls}
 
 

@@ -9,9 +9,11 @@ update), RLOO counted per rollout when a rollout came back as several samples
 and the weight sync), and after every weight sync the served weights compared with the actor's by fingerprint
 (``rllm.training.verl.served_weights``: the embedded backend, vLLM, SGLang). A stop logs the step's metrics
 first, so the tracker shows what stopped it, and ends the run with ``TrainingGuardError`` naming the
-step. ``GuardedTaskRunner`` is verl's ``TaskRunnerV1``, which ``rllm.training.verl.train`` hands to
-verl's ``run_ppo``; it imports this module in the task runner's process, where verl looks the
-trainer up. The private verl methods extended here are listed and pinned in ``verl_internals``.
+step. A run that ends without one step whose rewards varied in a group fails "no learning signal"
+(``TrainingGuards.check_run_end``). ``GuardedTaskRunner`` is verl's ``TaskRunnerV1``, which
+``rllm.training.verl.train`` hands to verl's ``run_ppo``; it imports this module in the task runner's
+process, where verl looks the trainer up. The private verl methods extended here are listed and
+pinned in ``verl_internals``.
 """
 
 from __future__ import annotations
@@ -92,6 +94,12 @@ class GuardedTrainer(PPOTrainerSync):
         if tracker is not None:
             tracker.log(data=dict(metrics), step=self.global_steps)
         raise error
+
+    def fit(self, *args: Any, **kwargs: Any) -> Any:
+        """The training loop of verl, then the end-of-run check: a run in which no step had a learning signal fails."""
+        result = super().fit(*args, **kwargs)
+        self._guards.check_run_end(self.global_steps - 1)
+        return result
 
     # ------------------------------------------------------------------ weights
     def _check_served_weights(self) -> None:

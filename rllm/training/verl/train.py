@@ -8,11 +8,14 @@ file paths in it absolute (Ray workers may not share this working directory), re
 workers get values, not environment lookups), checks the agent loop's settings and hands it to
 verl's own ``main``, which validates it and starts the trainer.
 
-    python -m rllm.training.verl.train [--dry-run] [--smoke] [--cpu] [hydra overrides ...]
+    python -m rllm.training.verl.train [--dry-run | --print-config] [--smoke] [--cpu] [hydra overrides ...]
 
-``--dry-run`` validates the composed config with verl's ``validate_config``, the loop's
-``loop_settings`` and the launch checks, and prints it, resolved, without starting Ray, a GPU or the
-retrieval server. ``--smoke`` runs two real steps of the recipe on this machine (``SMOKE_OVERRIDES``);
+``--dry-run`` validates the composed config with verl's ``validate_config`` and the launch checks,
+tries the agent, its tools and its reward on the first training task (``preflight``), and prints the
+config, resolved, without starting Ray, a GPU or the retrieval server; ``--print-config`` only prints
+it. Task files (JSON, JSONL, or parquet that is not verl rows) are written as verl rows under
+``trainer.default_local_dir``. A real run first checks the retrieval servers the agent's tools search,
+and only those. ``--smoke`` runs two real steps of the recipe on this machine (``SMOKE_OVERRIDES``);
 ``--cpu`` runs verl on the CPU (``rllm.training.verl.cpu``). The trainer is verl's own, run by
 ``GuardedTaskRunner`` (trainer mode ``rllm_sync``): every step logs the training guards and stops when one is
 violated. Ray is started by verl's own ``run_ppo`` (``start_ray``), after verl has set the environment
@@ -41,6 +44,7 @@ CONFIG_DIR = Path(str(importlib.resources.files("rllm.training.verl") / "config"
 """The shipped recipes (package data, so a normal install has them too)."""
 CONFIG_NAME = "strands_hotpotqa_rloo"
 DRY_RUN_FLAG = "--dry-run"
+PRINT_FLAG = "--print-config"
 CPU_FLAG = "--cpu"
 SMOKE_FLAG = "--smoke"
 SMOKE_OVERRIDES = [
@@ -56,7 +60,8 @@ SMOKE_OVERRIDES = [
     "trainer.val_before_train=false",
     "trainer.test_freq=-1",
     "trainer.save_freq=-1",
-    "trainer.logger=[console]",
+    "trainer.logger=[console,file]",  # the file logger writes VERL_FILE_LOGGER_PATH (default: the run's metrics.jsonl)
+    "data.dataloader_num_workers=0",  # no loader processes for four prompts (and none left to kill at the end)
 ]
 """``--smoke``: two real steps of the recipe on this machine (one GPU with the embedded backend, or ``--cpu``),
 two prompts of two rollouts each, nothing saved or validated, so a broken tool, reward, template or config
@@ -86,30 +91,49 @@ def prepare_config(config: DictConfig) -> DictConfig:
         agent = config.actor_rollout_ref.rollout.agent
         if agent.agent_loop_config_path:
             agent.agent_loop_config_path = _absolute(agent.agent_loop_config_path, cwd, CONFIG_DIR)
+        run_dir = Path(_absolute(str(config.trainer.default_local_dir), cwd))
+        config.trainer.default_local_dir = str(run_dir)
         for key in ("train_files", "val_files"):
             files = config.data[key]
+            if files is None:
+                continue
             if isinstance(files, str):
-                config.data[key] = _absolute(files, cwd)
+                config.data[key] = _rows_file(_absolute(files, cwd), run_dir, key)
             else:
-                config.data[key] = [_absolute(f, cwd) for f in files]
+                config.data[key] = [_rows_file(_absolute(f, cwd), run_dir, f"{key}_{i}") for i, f in enumerate(files)]
     return config
 
 
-def check_agent_loops(config: DictConfig) -> None:
-    """Check the settings of every ``StrandsAgentLoop`` the registry names, as each worker will read them."""
-    path = OmegaConf.select(config, "actor_rollout_ref.rollout.agent.agent_loop_config_path")
-    if not path:
-        return
-    from rllm.training.verl.agent_loop import StrandsAgentLoop, loop_settings
+def _rows_file(path: str, run_dir: Path, name: str) -> str:
+    """``path`` when it holds verl rows (or does not exist yet: verl says so); else its tasks written as rows.
 
-    target = f"{StrandsAgentLoop.__module__}.{StrandsAgentLoop.__qualname__}"
-    entries = OmegaConf.to_container(OmegaConf.load(path))
-    if any(isinstance(entry, dict) and entry.get("_target_") == target for entry in entries or []):
-        loop_settings(config)
+    A task file (``.json``, ``.jsonl``, or parquet without verl's row columns) is written as verl rows
+    (``rllm.data.verl_rows.task_rows``, the user message from the task's ``question``/``prompt``/``problem``)
+    under the run's directory, and that file replaces it in the config.
+    """
+    from rllm.data.tasks import load_tasks
+    from rllm.data.verl_rows import is_verl_rows, task_rows, write_parquet
+
+    file = Path(path)
+    if not file.is_file():
+        return path
+    if file.suffix.lower() == ".parquet":
+        import pyarrow.parquet as pq
+
+        if is_verl_rows(pq.read_schema(file).names):
+            return path
+    split = "validation" if name.startswith("val") else "train"
+    rows = task_rows(load_tasks(file, name=f"data.{name}"), split)
+    written = write_parquet(rows, run_dir / "data" / f"{name}.parquet")
+    logger.info("data.%s: %d tasks of %s written as verl rows to %s", name, len(rows), file, written)
+    return str(written)
 
 
-def check_launch(config: DictConfig) -> None:
-    """What would make the run not real, refused before Ray starts: every message names the key to change."""
+def check_launch(config: DictConfig) -> Any:
+    """What would make the run not real, refused before Ray starts: every message names the key to change.
+
+    Returns the agent's ``Preflight`` (``check_agent_loops``).
+    """
     from rllm.training.verl.cpu import check_precision, cpu_mode
     from rllm.training.verl.guards import GUARDED_MODE, GUARDS_KEY, GuardSettings
     from rllm.training.verl.verl_internals import check_verl_version
@@ -139,7 +163,25 @@ def check_launch(config: DictConfig) -> None:
         check_served_weights(config)
     if cpu_mode():
         check_precision(config)
-    check_agent_loops(config)
+    return check_agent_loops(config)
+
+
+def check_agent_loops(config: DictConfig) -> Any:
+    """The user's agent, tools, reward and data tried on the first task, when the registry runs ``StrandsAgentLoop``.
+
+    Returns the ``Preflight`` (``None`` for a registry without the loop).
+    """
+    path = OmegaConf.select(config, "actor_rollout_ref.rollout.agent.agent_loop_config_path")
+    if not path:
+        return None
+    from rllm.training.verl.agent_loop import StrandsAgentLoop
+    from rllm.training.verl.preflight import preflight
+
+    target = f"{StrandsAgentLoop.__module__}.{StrandsAgentLoop.__qualname__}"
+    entries = OmegaConf.to_container(OmegaConf.load(path))
+    if any(isinstance(entry, dict) and entry.get("_target_") == target for entry in entries or []):
+        return preflight(config)
+    return None
 
 
 def check_served_weights(config: DictConfig) -> None:
@@ -184,13 +226,13 @@ def check_micro_batches(config: DictConfig) -> None:
                          "actor_rollout_ref.actor.use_dynamic_bsz=true")
 
 
-def validate(config: DictConfig) -> None:
-    """Verl's own config checks, as ``verl.trainer.main_ppo.main`` runs them, then ``check_launch``."""
+def validate(config: DictConfig) -> Any:
+    """Verl's own config checks, as ``verl.trainer.main_ppo.main`` runs them, then ``check_launch`` (its preflight)."""
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 
     validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
-    check_launch(config)
+    return check_launch(config)
 
 
 def check_runtime_env(config: DictConfig) -> None:
@@ -230,7 +272,11 @@ def start_ray(config: DictConfig) -> None:
     run_ppo(config, task_runner_class=_NothingToRun)
 
 
-def _run(config: DictConfig, dry_run: bool) -> None:
+def _run(config: DictConfig, dry_run: bool, print_only: bool = False) -> None:
+    if print_only:  # the composed recipe, resolved, as written: nothing checked, converted or started
+        OmegaConf.resolve(config)
+        print(OmegaConf.to_yaml(config), end="")
+        return
     prepare_config(config)
     if dry_run:
         with contextlib.redirect_stdout(sys.stderr):  # verl prints its verdict; stdout is the config only
@@ -247,7 +293,13 @@ def _run(config: DictConfig, dry_run: bool) -> None:
 
     # What verl's own main does (device selection, validation), then its run_ppo with the guarded task runner.
     auto_set_device(config)
-    validate(config)
+    checked = validate(config)
+    if checked is not None:  # the retrieval servers the agent's tools search, only those
+        from rllm.training.verl.preflight import check_retrieval
+
+        check_retrieval(checked.retrieval)
+    # verl's file logger (trainer.logger: file) writes the run's metrics into its directory unless told otherwise.
+    os.environ.setdefault("VERL_FILE_LOGGER_PATH", str(Path(config.trainer.default_local_dir) / "metrics.jsonl"))
     if not ray.is_initialized():
         start_ray(config)
     secrets = share_secrets()  # the retrieval token, for the rollout workers; held until the run ends
@@ -257,12 +309,31 @@ def _run(config: DictConfig, dry_run: bool) -> None:
         del secrets
 
 
+_HYDRA_OPTIONS = ("--config-name", "-cn", "--config-dir", "-cd", "--config-path", "-cp")
+
+
+def _hydra_options(args: list[str]) -> tuple[list[str], list[str]]:
+    """Hydra's recipe options (``--config-name NAME``, ``--config-dir=DIR``, ...) apart from the overrides."""
+    options: list[str] = []
+    overrides: list[str] = []
+    items = iter(args)
+    for arg in items:
+        if arg in _HYDRA_OPTIONS:
+            options += [arg, next(items, "")]
+        elif arg.split("=", 1)[0] in _HYDRA_OPTIONS:
+            options.append(arg)
+        else:
+            overrides.append(arg)
+    return options, overrides
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: strip ``--dry-run`` and let Hydra parse the rest of the command line."""
     args = list(sys.argv[1:] if argv is None else argv)
-    dry_run = DRY_RUN_FLAG in args
-    flags = (DRY_RUN_FLAG, CPU_FLAG, SMOKE_FLAG)
-    overrides = [a for a in args if a not in flags]
+    print_only = PRINT_FLAG in args
+    dry_run = DRY_RUN_FLAG in args or print_only
+    flags = (DRY_RUN_FLAG, PRINT_FLAG, CPU_FLAG, SMOKE_FLAG)
+    options, overrides = _hydra_options([a for a in args if a not in flags])
     if SMOKE_FLAG in args:
         if CPU_FLAG not in args and not dry_run:
             import torch
@@ -275,7 +346,7 @@ def main(argv: list[str] | None = None) -> None:
 
         os.environ.update(cpu_environment())
         overrides = [*CPU_OVERRIDES, *overrides]
-    args = overrides
+    args = [*options, *overrides]  # Hydra's options first: argparse takes no option between the overrides
     if dry_run:  # print only: no Hydra output directory, log file or logging setup
         args += ["hydra.output_subdir=null", "hydra.run.dir=.", "hydra/job_logging=disabled",
                  "hydra/hydra_logging=disabled"]
@@ -283,7 +354,7 @@ def main(argv: list[str] | None = None) -> None:
 
     @hydra.main(config_path=str(CONFIG_DIR), config_name=CONFIG_NAME, version_base=None)
     def _hydra_main(config: DictConfig) -> None:
-        _run(config, dry_run)
+        _run(config, dry_run, print_only)
 
     _hydra_main()
 

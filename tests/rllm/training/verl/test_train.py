@@ -57,9 +57,30 @@ ADDED_KEYS = {
     "rllm.agent_loop.infra_exceptions": "rllm.training.verl.agent_loop.loop_settings",
     "rllm.agent_loop.max_tokens_per_turn": "rllm.training.verl.agent_loop.loop_settings",
     "rllm.agent_loop.own_client": "rllm.training.verl.agent_loop.loop_settings",
+    "rllm.reward_fn": "rllm.training.verl.agent_loop.loop_settings (StrandsAgentLoop scores with it), preflight",
     "actor_rollout_ref.rollout.agent.agent_loop_manager_class": "verl.trainer.main_ppo TaskRunnerV1 (RolloutConfig)",
     "data.apply_chat_template_kwargs.enable_thinking": "chat template (RLHFDataset, StrandsAgentLoop)",
 }
+
+
+@pytest.fixture(autouse=True, scope="module")
+def hotpotqa_rows(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The recipe's rows (two questions each), where the recipe reads them: the launcher tries the first one."""
+    from rllm.agents.search import search_verl_rows
+    from rllm.data.hotpotqa import load_hotpotqa
+    from rllm.data.verl_rows import write_parquet
+
+    root = tmp_path_factory.mktemp("hotpotqa")
+    tasks = load_hotpotqa()
+    write_parquet(search_verl_rows(tasks[:2], "train"), root / "train.parquet")
+    write_parquet(search_verl_rows(tasks[2:4], "validation"), root / "validation.parquet")
+    previous = os.environ.get("HOTPOTQA_DIR")
+    os.environ["HOTPOTQA_DIR"] = str(root)  # the launch script's subprocesses read it too
+    yield root
+    if previous is None:
+        os.environ.pop("HOTPOTQA_DIR", None)
+    else:
+        os.environ["HOTPOTQA_DIR"] = previous
 
 
 def compose(*overrides: str) -> Any:
@@ -111,14 +132,18 @@ def test_recipe_composes_and_passes_verls_validation() -> None:
 
 
 def test_every_recipe_key_is_a_verl_key_or_a_documented_addition() -> None:
-    recipe = yaml.safe_load((CONFIG_DIR / f"{CONFIG_NAME}.yaml").read_text())
-    recipe.pop("hydra"), recipe.pop("defaults")
+    keys = []
+    for name in ("strands_base", CONFIG_NAME, "strands_agent_rloo"):
+        recipe = yaml.safe_load((CONFIG_DIR / f"{name}.yaml").read_text())
+        recipe.pop("hydra"), recipe.pop("defaults", None)
+        keys += leaves(recipe)
     with hydra.initialize_config_module(config_module="verl.trainer.config", version_base=None):
         base = hydra.compose(config_name="ppo_trainer")
-    unknown = [key for key in leaves(recipe) if not declared(base, key)]
+    unknown = sorted({key for key in keys if not declared(base, key)})
     assert sorted(unknown) == sorted(ADDED_KEYS), "a recipe key verl does not know (typo or dead key)"
     # fsdp_config.dtype is ignored by verl's FSDP engine: the recipe must not pretend to set it.
-    assert "dtype" not in recipe["actor_rollout_ref"]["actor"]["fsdp_config"]
+    base_recipe = yaml.safe_load((CONFIG_DIR / "strands_base.yaml").read_text())
+    assert "dtype" not in base_recipe["actor_rollout_ref"]["actor"]["fsdp_config"]
 
 
 def test_a_mistyped_override_fails_to_compose() -> None:
@@ -172,7 +197,7 @@ def test_launcher_help_prints_usage_and_the_resolved_config_without_gpu_or_serve
     printed = yaml.safe_load(result.stdout.split("Resolved config:\n", 1)[1])
     assert printed["algorithm"]["adv_estimator"] == "rloo"
     assert printed["trainer"]["total_training_steps"] == 3  # overrides pass through
-    assert printed["data"]["train_files"] == str(REPO / "data" / "hotpotqa" / "train.parquet")
+    assert printed["data"]["train_files"] == os.environ["HOTPOTQA_DIR"] + "/train.parquet"
     assert "${" not in result.stdout.split("Resolved config:\n", 1)[1]  # resolved
 
 
@@ -180,8 +205,19 @@ def test_launcher_refuses_to_start_without_a_healthy_retrieval_server() -> None:
     url = f"http://127.0.0.1:{_closed_port()}"
     result = _launch(RETRIEVAL_SERVER_URL=url)
     assert result.returncode != 0
-    assert f"retrieval server is not healthy at {url}/health" in result.stderr
+    assert f"the agent's local_search cannot search {url}" in result.stderr
     assert "rag/launch_rag.sh" in result.stderr
+    assert "Started a local Ray instance" not in result.stdout + result.stderr  # refused before Ray
+
+
+def test_an_agent_without_the_search_tool_needs_no_retrieval_server(tmp_path: Path) -> None:
+    from rllm.training.verl.preflight import preflight
+
+    config = prepare_config(compose("rllm.agent_loop.tool_factory=null",
+                                    "rllm.agent_loop.agent_factory=fixtures.user_agents:printing_agent",
+                                    f"trainer.default_local_dir={tmp_path}"))
+    assert preflight(config).retrieval == []
+    assert preflight(prepare_config(compose())).retrieval == [("http://127.0.0.1:8000", None)]
 
 
 def test_the_retrieval_token_is_in_neither_the_config_verl_prints_nor_rays_runtime_env(monkeypatch) -> None:
@@ -296,8 +332,8 @@ def test_launcher_refuses_a_retrieval_server_that_rejects_the_token(tmp_path_fac
         wrong = _launch(RETRIEVAL_SERVER_URL=server.base_url, RETRIEVAL_TOKEN="not-it")
     for run in (result, wrong):
         assert run.returncode != 0
-        assert f"retrieval server OK at {server.base_url}/health" in run.stdout  # /health alone would pass
-        assert f"an authenticated POST {server.base_url}/retrieve failed" in run.stderr
+        assert f"the agent's local_search cannot search {server.base_url}" in run.stderr  # /health alone would pass
+        assert "RETRIEVAL_TOKEN" in run.stderr and "Started a local Ray instance" not in run.stdout + run.stderr
         assert "HTTP 401" in run.stderr and "set RETRIEVAL_TOKEN" in run.stderr
     assert "the client sent no token" in result.stderr and "a token it does not accept" in wrong.stderr
 
@@ -363,5 +399,6 @@ def test_the_recipes_and_the_launch_script_are_package_data() -> None:
     pyproject = (REPO / "pyproject.toml").read_text()
     assert '"rllm.training.verl" = ["config/*.yaml"]' in pyproject and '"rag" = ["launch_rag.sh"]' in pyproject
     assert CONFIG_DIR == Path(str(importlib.resources.files("rllm.training.verl") / "config"))
-    assert {p.name for p in CONFIG_DIR.glob("*.yaml")} == {"agent_loops.yaml", f"{CONFIG_NAME}.yaml", "lookup_rloo.yaml"}
+    assert {p.name for p in CONFIG_DIR.glob("*.yaml")} == {"agent_loops.yaml", f"{CONFIG_NAME}.yaml", "lookup_rloo.yaml",
+                                                          "strands_base.yaml", "strands_agent_rloo.yaml"}
     assert (importlib.resources.files("rag") / "launch_rag.sh").is_file()
