@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("workflows and the batch runner", ("rllm.workflows",)),
     ("agents", ("rllm.agents",)),
     # rllm.integrations.verl is the deprecated alias of rllm.training.verl, kept for one release.
-    ("training: verl and local", ("rllm.training", "rllm.integrations.verl")),
+    ("training: verl and local", ("rllm.training", "rllm.trainer", "rllm.integrations.verl")),
     ("evaluation", ("rllm.eval",)),
 ]
 """Lowest first. The package files ``rllm/__init__.py`` and ``rllm/integrations/__init__.py`` only name what is inside."""

@@ -1,0 +1,145 @@
+"""``AgentTrainer``: rLLM's signature over the workflow that evaluates, the run it writes, and what it refuses.
+
+Fast checks of the run's files (rows, recipe, pickled objects) and of every refusal, plus one dry run of
+the launcher on a factory and a reward defined inside a function (not importable: they travel pickled),
+which the launcher loads, calls on the first task and accepts. Nothing here starts Ray.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+os.environ.setdefault("OTEL_SDK_DISABLED", "true")
+pytest.importorskip("verl", reason="AgentTrainer launches verl's trainer (the train extra)")
+
+from fixtures.user_agents import TASKS, capital_agent, capital_of, capital_reward  # noqa: E402
+from rllm.errors import ConfigurationError, TrainingRunError  # noqa: E402
+from rllm.integrations.strands import Budget  # noqa: E402
+from rllm.rewards.base import RewardOutput  # noqa: E402
+from rllm.trainer import AgentTrainer  # noqa: E402
+from rllm.training.agent_trainer import _hydra_value  # noqa: E402
+from rllm.training.verl._dotted import import_object  # noqa: E402
+from rllm.workflows import AgentWorkflowEngine, StrandsWorkflow, Workflow  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _trainer(tmp_path: Path, **args: Any) -> AgentTrainer:
+    workflow_args = {"agent_factory": capital_agent, "reward_fn": capital_reward, **args}
+    return AgentTrainer(StrandsWorkflow, workflow_args, {"data.train_batch_size": 2}, TASKS,
+                        output_dir=tmp_path / "run")
+
+
+def test_the_run_names_importable_objects_by_path_and_keeps_each_task_whole(tmp_path: Path) -> None:
+    trainer = _trainer(tmp_path, budget=Budget(max_model_turns=3, max_tool_calls=2),
+                       model_kwargs={"params": {"max_tokens": 48}})
+    recipe = yaml.safe_load(trainer.write_run().read_text())
+    assert recipe["defaults"] == ["ppo_trainer", "strands_base", "_self_"]
+    loop = recipe["rllm"]["agent_loop"]
+    assert loop["agent_factory"] == "fixtures.user_agents:capital_agent"
+    assert recipe["rllm"]["reward_fn"] == "fixtures.user_agents:capital_reward"
+    assert loop["budget"] == {"max_model_turns": 3, "max_tool_iterations": None, "max_tool_calls": 2}
+    assert loop["max_tokens_per_turn"] == 48
+    assert not (tmp_path / "run" / "workflow.pkl").exists()  # nothing needed pickling
+    # No val_dataset: validation off; the dict config goes on the command line, after --cpu's and --smoke's.
+    assert recipe["trainer"]["test_freq"] == -1 and recipe["trainer"]["val_before_train"] is False
+    assert trainer.command()[-1] == "data.train_batch_size=2"
+    import pyarrow.parquet as pq
+
+    from rllm.data.verl_rows import row_task
+
+    rows = pq.read_table(recipe["data"]["train_files"]).to_pylist()
+    assert [row_task(row) for row in rows] == TASKS
+
+
+def test_objects_defined_in_a_function_travel_pickled_and_load_in_another_process(tmp_path: Path) -> None:
+    answers: list[str] = []
+
+    def local_agent(model: Any, task: dict[str, Any]) -> Any:
+        return capital_agent(model, task)
+
+    def local_reward(task: dict[str, Any], final_answer: str) -> float:
+        answers.append(final_answer)
+        return float(task["capital"] in final_answer)
+
+    trainer = AgentTrainer(StrandsWorkflow, {"tools": [capital_of], "system_prompt": "Answer.",
+                                             "reward_fn": local_reward}, None, TASKS, output_dir=tmp_path / "run")
+    recipe = yaml.safe_load(trainer.write_run().read_text())
+    pickled = str(tmp_path / "run" / "workflow.pkl")
+    assert recipe["rllm"]["reward_fn"] == f"{pickled}:reward_fn"
+    assert recipe["rllm"]["agent_loop"]["tool_factory"] == f"{pickled}:tools"
+    assert recipe["rllm"]["agent_loop"]["system_prompt"] == "Answer."
+    tools = import_object(f"{pickled}:tools")()
+    assert [tool.tool_name for tool in tools] == ["capital_of"]
+    assert import_object(f"{pickled}:reward_fn")(TASKS[0], "Paris") == 1.0
+    # The launcher (another process) loads them, builds the agent and scores an empty answer on the first task.
+    trainer = AgentTrainer(StrandsWorkflow, {"agent_factory": local_agent, "reward_fn": local_reward}, None, TASKS,
+                           output_dir=tmp_path / "run2")
+    config = trainer.dry_run()
+    assert f"{tmp_path / 'run2' / 'workflow.pkl'}:agent_factory" in config
+
+
+def test_a_dry_run_names_a_reward_that_returns_text(tmp_path: Path) -> None:
+    def text_reward(task: dict[str, Any], final_answer: str) -> str:
+        return "right"
+
+    trainer = _trainer(tmp_path, reward_fn=text_reward)
+    with pytest.raises(TrainingRunError, match="text_reward returned 'right'; it returns a RewardOutput"):
+        trainer.dry_run()
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"workflow_class": Workflow}, "pass workflow_class=StrandsWorkflow"),
+    ({"workflow_args": {"agent_factory": capital_agent}}, "reward_fn'] is required"),
+    ({"workflow_args": {"agent_factory": capital_agent, "tools": [capital_of], "reward_fn": capital_reward}},
+     "agent_factory (your agent) or tools"),
+    ({"workflow_args": {"agent_factory": capital_agent, "reward_fn": capital_reward, "trace_store": "x.db"}},
+     "rllm.agent_loop.own_client=true"),
+    ({"workflow_args": {"agent_factory": capital_agent, "reward_fn": capital_reward, "max_turns": 3}},
+     "unknown workflow_args ['max_turns']"),
+    ({"workflow_args": {"agent_factory": capital_agent, "reward_fn": capital_reward,
+                        "model_kwargs": {"params": {"temperature": 0.3}}}}, "model_kwargs ['temperature']"),
+    ({"workflow_args": {"agent_factory": capital_agent, "reward_fn": capital_reward, "budget": {"max_model_turns": 3}}},
+     "not a rllm.integrations.strands.Budget"),
+    ({"workflow_args": {"agent_factory": "my_agents:my_agent", "reward_fn": capital_reward}}, "not a function"),
+    ({"train_dataset": None}, "train_dataset is required"),
+    ({"backend": "fireworks"}, "rllm trains with verl"),
+    ({"config": "data.train_batch_size=2"}, "not the string"),
+])
+def test_what_training_cannot_honour_is_refused_naming_it(tmp_path: Path, kwargs: dict[str, Any],
+                                                           message: str) -> None:
+    args = {"workflow_class": StrandsWorkflow, "workflow_args": {"agent_factory": capital_agent,
+                                                                 "reward_fn": capital_reward},
+            "train_dataset": TASKS, "output_dir": tmp_path, **kwargs}
+    with pytest.raises(ConfigurationError) as caught:
+        AgentTrainer(**args)
+    assert message in str(caught.value)
+
+
+def test_the_same_workflow_args_evaluate() -> None:
+    """What AgentTrainer takes is what AgentWorkflowEngine takes: the page's two steps share one dict."""
+    from rllm.testing.scripted_server import ScriptedOpenAIServer, ScriptedReply
+
+    with ScriptedOpenAIServer(lambda body: ScriptedReply(content="Paris")) as server:
+        from rllm.engine.rollout import OpenAIEngine
+
+        engine = AgentWorkflowEngine(StrandsWorkflow, {"agent_factory": capital_agent, "reward_fn": capital_reward},
+                                     OpenAIEngine("m", server.base_url), n_parallel_tasks=2)
+        import asyncio
+
+        episodes = asyncio.run(engine.execute_tasks(TASKS[:2], n_rollouts=1))
+    assert [e.reward for e in episodes] == [1.0, 0.0] and isinstance(capital_reward(TASKS[0], "x"), RewardOutput)
+
+
+@pytest.mark.parametrize("value", ["You are 'helpful', brief: {a, b} [c] ${x} \\n done\\", "a\\'b", 3, 0.5, None, True,
+                                   ["a,b", 1], {"k": "v w"}])
+def test_dict_config_values_survive_hydras_override_grammar(value: Any) -> None:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    (override,) = OverridesParser.create().parse_overrides([f"a.b={_hydra_value(value)}"])
+    assert override.value() == value
