@@ -1,12 +1,14 @@
-"""A two-agent HotpotQA team as a Strands ``Graph``: a researcher that searches, then a writer that answers.
+"""Two-agent HotpotQA teams: a researcher that searches, then a writer that answers, as a Strands ``Graph`` or ``Swarm``.
 
-The whole graph is one episode: one trajectory per node that ran (named by its node id), each
-sample with exact tokens, one reward for the writer's answer, RLOO over the prompt's team runs.
+``search_team`` wires them as a ``Graph`` (researcher -> writer); ``search_swarm`` as a ``Swarm`` in which
+the researcher hands off to the writer with Strands' ``handoff_to_agent`` tool. Either team is one
+episode: one trajectory per node that ran (named by its node id), each sample with exact tokens, one
+reward for the writer's answer, RLOO over the prompt's team runs.
 Train it with the HotpotQA recipe (retrieval server and rows as in the README's "Training with verl"):
 
     PYTHONPATH=$PWD/examples/strands bash examples/strands/train_strands_agent.sh --smoke --cpu \\
         actor_rollout_ref.model.path=/models/tiny rllm.agent_loop.tool_factory=null \\
-        rllm.agent_loop.agent_factory=search_team:search_team
+        rllm.agent_loop.agent_factory=search_team:search_team     # or search_team:search_swarm
 
 CI runs exactly this through verl's own trainer on CPU (``tests/rllm/training/verl/test_examples_cpu.py``).
 """
@@ -17,12 +19,14 @@ from typing import Any
 
 from strands import Agent
 from strands.multiagent import GraphBuilder
+from strands.multiagent import Swarm
 from strands.multiagent.graph import Graph
 
 from rllm.agents.search import resolve_retrieval_url, search_tools
 
 RESEARCHER = ("You are the researcher. Search the Wikipedia paragraphs with local_search for every fact the "
               "question needs, then summarise what you found for the writer.")
+SWARM_RESEARCHER = RESEARCHER + " When you have the facts, hand off to the writer with handoff_to_agent."
 WRITER = ("You are the writer. From the researcher's notes, answer the question with a short final answer "
           "inside \\boxed{}, for example \\boxed{Paris} or \\boxed{yes}.")
 
@@ -37,3 +41,12 @@ def search_team(model: Any, row: dict[str, Any]) -> Graph:
     builder.add_edge("researcher", "writer")
     builder.set_entry_point("researcher")
     return builder.build()
+
+
+def search_swarm(model: Any, row: dict[str, Any]) -> Swarm:
+    """The same researcher and writer as a ``Swarm``: the researcher hands off to the writer, who answers."""
+    url = resolve_retrieval_url()
+    researcher = Agent(name="researcher", model=model, tools=search_tools(url), system_prompt=SWARM_RESEARCHER,
+                       callback_handler=None)
+    writer = Agent(name="writer", model=model, system_prompt=WRITER, callback_handler=None)
+    return Swarm([researcher, writer], entry_point=researcher, max_handoffs=4, max_iterations=4)

@@ -8,7 +8,9 @@ bearer token):
   ``SlidingWindowConversationManager()`` and whole passages: its second search overflows the context,
   Strands trims the history and retries, and the rollout continues in a new sample;
 * ``examples/strands/search_team.py``: a Strands ``Graph`` of a researcher that searches and a writer
-  that answers, one episode with one trajectory per node;
+  that answers, one episode with one trajectory per node; in the same run each prompt's rollout 1 runs the
+  same pair as a Strands ``Swarm`` (``search_swarm``: the researcher hands off to the writer with Strands'
+  ``handoff_to_agent``), a trajectory per node that ran;
 * ``examples/strands/own_client_search_agent.py``: the same plain ``strands.Agent`` on Strands' own
   streaming ``OpenAIModel`` and its own client (``rllm.agent_loop.own_client=true``): each verl worker
   serves it the policy over HTTP. It runs in the windowed agent's run, as rollout 1 of every prompt
@@ -125,6 +127,12 @@ def _train(world: Any, factory: str, name: str, *overrides: str) -> Run:
                                                                           if not r["padding"]], out)
 
 
+def _tokenizer(run: Run) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(run.out.parent / "model")
+
+
 def _per_rollout(run: Run) -> dict[str, list[dict[str, Any]]]:
     rollouts: dict[str, list[dict[str, Any]]] = {}
     for sample in sorted(run.samples, key=lambda s: s["index"]):
@@ -155,7 +163,7 @@ def windowed(world: Any) -> Run:
 
 @pytest.fixture(scope="module")
 def team(world: Any) -> Run:
-    return _train(world, "search_team:search_team", "team")
+    return _train(world, "fixtures.example_pairs:graph_beside_swarm", "team")
 
 
 def test_a_plain_strands_agent_whose_history_strands_trims_trains_on_its_samples(windowed: Run) -> None:
@@ -167,10 +175,19 @@ def test_a_plain_strands_agent_whose_history_strands_trims_trains_on_its_samples
     assert all(m["rllm/guard/tool_calls_per_episode"] == 2 for m in windowed.metrics)
 
 
-def test_a_researcher_writer_graph_trains_as_one_episode_with_a_sample_per_node(team: Run) -> None:
+def test_a_researcher_writer_graph_and_swarm_train_as_one_episode_with_a_sample_per_node(team: Run) -> None:
     _assert_trained_on_exactly_the_samples_once_per_rollout(team)
-    for samples in _per_rollout(team).values():
-        assert [s["agent"] for s in samples][-1] == "writer" and samples[0]["agent"] == "researcher"
+    tokenizer = _tokenizer(team)
+    swarms = 0
+    for rollout, samples in _per_rollout(team).items():
+        assert [s["agent"] for s in samples] == ["researcher", "writer"], rollout
+        researcher = tokenizer.decode(samples[0]["ids"])
+        if rollout.endswith("_1"):  # the Swarm: the researcher handed the question over with Strands' tool
+            swarms += 1
+            assert '"name": "handoff_to_agent"' in researcher and "Handing off to writer" in researcher
+        else:
+            assert "handoff_to_agent" not in researcher
+    assert swarms == 2 * 2  # 2 steps x 2 prompts
 
 
 def test_the_same_agent_on_its_own_openai_client_trains_on_the_same_samples(windowed: Run) -> None:
