@@ -19,6 +19,7 @@ its figures in ``docs/benchmarks.md``, whose every row is dated and names its ma
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 import re
@@ -316,3 +317,19 @@ def test_every_benchmark_row_is_dated_and_names_its_machine_and_command() -> Non
             assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", row[0]), row
             assert row[1], row
 
+
+
+# ------------------------------------------------------------------------------- API reference
+REFERENCED = {"rllm.integrations.strands": ["RLLMModel", "StrandsAgent", "NonStreamingOpenAIModel"],
+              "rllm.workflows": ["AgentWorkflowEngine", "StrandsWorkflow"]}
+
+
+@pytest.mark.parametrize("module", sorted(REFERENCED))
+def test_the_api_reference_shows_the_public_names_with_their_docstrings(module: str) -> None:
+    """mkdocstrings renders a package's ``__all__``; the names a user starts from must be there, documented."""
+    pages = "".join(p.read_text(encoding="utf-8") for p in (ROOT / "docs" / "reference").glob("*.md"))
+    assert re.search(rf"^::: {re.escape(module)}$", pages, re.MULTILINE), f"no API reference page for {module}"
+    package = importlib.import_module(module)
+    for name in REFERENCED[module]:
+        assert name in package.__all__, f"{module}.{name} is not in __all__, so the reference leaves it out"
+        assert (getattr(package, name).__doc__ or "").strip(), f"{module}.{name} has no docstring"
