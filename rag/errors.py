@@ -6,7 +6,7 @@
   unreachable, timed out, 5xx after the retries, or a garbled answer.
 * ``RetrievalAuthError`` (a ``ConfigurationError``): the server refused the client's token.
 * ``Overloaded`` (an ``InfrastructureError``): the server's queue is full; answered as 503.
-* ``HttpConfigError`` and ``TorchSearchError`` (``ConfigurationError``, and ``ValueError`` as before):
+* ``HttpConfigError`` and ``TorchSearchError`` (``ConfigurationError``, and also ``ValueError``):
   an HTTP limit, a metric, devices or vectors that the service cannot take.
 
 Only ``rllm.errors`` is imported here, so ``rag.client`` stays light.

@@ -1,4 +1,4 @@
-"""The README's example scripts run as a user runs them, offline (scripted model, test index).
+"""The example scripts the manual names run as a user runs them, offline (scripted model, test index).
 
 Each example is a short script over the library; here each runs in its own process, so an
 example that no longer imports or starts fails here. (quickstart.py, quickstart_search.py via

@@ -139,10 +139,11 @@ def _repo_root() -> Path:
 
 
 def _corpus_files(root: Path) -> list[Path]:
-    """The repo's README and ``rllm/**/*.py``, in sorted order so training is deterministic."""
+    """The repo's README, its manual (``docs/**/*.md``) and ``rllm/**/*.py``, sorted so training is deterministic."""
     files = sorted(p for p in (root / "rllm").rglob("*.py") if p.is_file())
+    docs = sorted(p for p in (root / "docs").rglob("*.md") if p.is_file())
     readme = root / "README.md"
-    return ([readme] if readme.is_file() else []) + files
+    return ([readme] if readme.is_file() else []) + docs + files
 
 
 def _corpus(root: Path) -> Iterator[str]:

@@ -180,7 +180,7 @@ async def test_strands_agent_uses_local_search(server: RetrievalServer, serve) -
 
 
 def test_example_retrieve_tool_runs_against_the_server_url(server: RetrievalServer) -> None:
-    """The README's example script, run as a user runs it: checks the server named by the env, then searches."""
+    """rag/README.md's example script, run as a user runs it: checks the server named by the env, then searches."""
     env = {**os.environ, "RETRIEVAL_SERVER_URL": server.base_url}
     done = subprocess.run([sys.executable, str(REPO / "examples/strands/retrieve_tool.py"), "Krull"], env=env,
                           capture_output=True, text=True, timeout=120)

@@ -23,7 +23,10 @@ class SGLangEngine(TokenEngine):
     Args:
         base_url: Server or router root, e.g. ``http://127.0.0.1:30000``.
         tokenizer: The served model's tokenizer.
-        timeout, max_retries, backoff_initial, backoff_max: As for ``OpenAIEngine``.
+        timeout: Seconds one HTTP request may take before it counts as failed (and is retried).
+        max_retries: Retries after the first attempt for retryable failures.
+        backoff_initial: First backoff in seconds; doubles each retry, jittered.
+        backoff_max: Cap on one backoff, in seconds.
         **kwargs: As for ``TokenEngine``.
     """
 

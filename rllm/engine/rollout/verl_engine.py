@@ -1,14 +1,15 @@
 """``VerlEngine``: token-in/token-out over verl's rollout server client, inside a verl agent loop.
 
-verl (0.9.1) serves the policy through ``LLMServerClient.generate(request_id, prompt_ids=...,
-sampling_params=...) -> TokenOutput``; this engine renders the conversation incrementally like
-every other ``TokenEngine`` and sends the rollout's exact token ids. Every turn of one rollout
-carries the same ``request_id``, so verl routes it to the same replica and its prefix cache is
-reused. The engine also enforces the trainer's response budget: verl does not truncate, so
-everything after the first prompt (sampled and tool tokens) must fit ``response_length``.
+verl (the version ``rllm.training.verl.verl_internals.VERL_VERSION`` pins) serves the policy through
+``LLMServerClient.generate(request_id, prompt_ids=..., sampling_params=...) -> TokenOutput``; this
+engine renders the conversation incrementally like every other ``TokenEngine`` and sends the
+rollout's exact token ids. Every turn of one rollout carries the same ``request_id``, so verl routes
+it to the same replica and its prefix cache is reused. The engine also enforces the trainer's
+response budget: verl does not truncate, so everything after the first prompt (sampled and tool
+tokens) must fit ``response_length``.
 
 A generation verl reports ``aborted`` (a weight sync, a replica leaving) ends the call with
-``GenerationAbortedError``, like any token engine's ``abort``. verl 0.9.1 cannot abort one request:
+``GenerationAbortedError``, like any token engine's ``abort``. verl cannot abort one request:
 ``LLMServerClient`` has no such method, sends every turn under a fresh request id of its own, and
 its servers offer only ``abort_all_requests``. So ``agent.cancel()`` on an agent over this engine
 raises ``AbortUnsupportedError`` at the call (``abort_unsupported``), and a rollout timeout (or a

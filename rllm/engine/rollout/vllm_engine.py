@@ -21,7 +21,10 @@ class VLLMEngine(TokenEngine):
         base_url: Server root including ``/v1``, e.g. ``http://127.0.0.1:30000/v1``.
         model: Served model name.
         tokenizer: The served model's tokenizer.
-        timeout, max_retries, backoff_initial, backoff_max: As for ``OpenAIEngine``.
+        timeout: Seconds one HTTP request may take before it counts as failed (and is retried).
+        max_retries: Retries after the first attempt for retryable failures.
+        backoff_initial: First backoff in seconds; doubles each retry, jittered.
+        backoff_max: Cap on one backoff, in seconds.
         **kwargs: As for ``TokenEngine``.
     """
 

@@ -1,7 +1,7 @@
 """Rollouts as one padded training batch, laid out as verl's agent loop lays it out.
 
-verl's ``AgentLoopWorker._agent_loop_postprocess`` (0.9.1) pads each trajectory's prompt on the
-left to ``prompt_length`` and its response on the right to ``response_length``, concatenates
+verl's ``AgentLoopWorker._agent_loop_postprocess`` (in the verl ``VERL_VERSION`` pins) pads each
+trajectory's prompt on the left to ``prompt_length`` and its response on the right to ``response_length``, concatenates
 them into ``input_ids``, takes the attention mask from the padding, ``position_ids`` from the
 mask (``compute_position_id_with_mask``), ``response_mask`` as the trajectory's loss mask times
 the response's attention mask, and pads ``rollout_log_probs`` with 0.0. ``pad_rollouts`` builds

@@ -1,4 +1,4 @@
-"""The README's main job runs offline on its embedded default and writes a complete episode."""
+"""The calculator demo (docs/quickstart.md) runs offline on its embedded default and writes a complete episode."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
-"""The README's main job: ``bash scripts/quickstart.sh`` trains a Strands agent through verl's own trainer.
+"""The main job (docs/quickstart.md): ``bash scripts/quickstart.sh`` trains a Strands agent through verl's own trainer.
 
 The run test is the quickstart's whole path on a tiny configuration: a few warm-start steps, two
 RLOO steps of verl's v1 trainer on the CPU (embedded rollout backend, ``StrandsAgentLoop``, the
 guards), validation before and after, verl's saved policy evaluated with ``AgentWorkflowEngine``.
 It asserts what a user reads and gets, not that two steps learn (they cannot, and the run says so);
-the full run's learning is in the README ("The main job").
+the full run's learning is in docs/benchmarks.md ("Quickstart").
 """
 
 from __future__ import annotations
