@@ -46,7 +46,9 @@ def search_team(model: Any, row: dict[str, Any]) -> Graph:
 def search_swarm(model: Any, row: dict[str, Any]) -> Swarm:
     """The same researcher and writer as a ``Swarm``: the researcher hands off to the writer, who answers."""
     url = resolve_retrieval_url()
-    researcher = Agent(name="researcher", model=model, tools=search_tools(url), system_prompt=SWARM_RESEARCHER,
-                       callback_handler=None)
+    # Each node of a Swarm also carries the hand-off tool's schema: passages cut to 200 characters keep a search
+    # and the hand-off within a small context.
+    researcher = Agent(name="researcher", model=model, tools=search_tools(url, max_chars=200),
+                       system_prompt=SWARM_RESEARCHER, callback_handler=None)
     writer = Agent(name="writer", model=model, system_prompt=WRITER, callback_handler=None)
     return Swarm([researcher, writer], entry_point=researcher, max_handoffs=4, max_iterations=4)

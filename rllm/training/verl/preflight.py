@@ -136,7 +136,8 @@ def preflight(config: Any) -> Preflight:
     settings = loop_settings(config)  # its own errors name the key (ValueError, TypeError, ImportError)
     _check_reward_source(config, settings)
     row = first_row(config)
-    task = row_task_or_row(row)
+    # As verl's worker passes a row to the loop: its prompt as raw_prompt, in the first session of its group.
+    task = row_task_or_row({**row, "raw_prompt": row.get("prompt"), "session_id": 0})
     model = RLLMModel(_NoGeneration())
     if settings.agent_factory is not None:
         key = f"{SETTINGS_KEY}.agent_factory"
