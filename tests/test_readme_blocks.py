@@ -51,7 +51,17 @@ PYTHON_BLOCKS: dict[str, bool | str] = {
     "SGLangEngine(": "needs the hub (Qwen/Qwen3-4B's tokenizer) and an SGLang server; the same loop runs offline "
                      "in tests/rllm/tokens/test_renderer.py",
     "AgentWorkflowEngine(StrandsWorkflow, search_workflow_args": True,
-    "AgentWorkflowEngine(StrandsWorkflow, {\"agent_factory\"": True,
+    # docs/train-your-own-agent.md: four blocks that build on each other (a module, a model, an evaluation, a
+    # training run), run in order by the page's own test, which asserts what they do.
+    "# my_agents.py": "a module the page's later blocks import; run in order by "
+                      "tests/rllm/training/test_agent_trainer_cpu.py",
+    "end_turns_early(build_tiny_qwen3(": "run in order by tests/rllm/training/test_agent_trainer_cpu.py",
+    "TransformersEngine(\"runs/tiny-qwen3\"": "imports the page's my_agents.py; run in order by "
+                                              "tests/rllm/training/test_agent_trainer_cpu.py",
+    "trainer = AgentTrainer(": "a verl run on CPU (two steps); run in order by "
+                               "tests/rllm/training/test_agent_trainer_cpu.py",
+    "train_dataset=tasks).train()": "trains Qwen3-4B on 8 GPUs and imports the reader's my_agents.py; the same call "
+                                    "on a tiny model and CPU runs in tests/rllm/training/test_agent_trainer_cpu.py",
     "dict(agent_factory=my_agent, reward_fn=my_reward)": True,
     "ProxyProcess(config)": "needs the proxy's own venv (.cache/litellm-venv) and a vLLM backend for token ids; "
                             "tests/rllm/tracing/test_proxy.py runs the proxy against a scripted vLLM",

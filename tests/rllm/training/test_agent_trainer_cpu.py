@@ -1,0 +1,123 @@
+"""A new user's agent trains with ``AgentTrainer`` through verl's own trainer on CPU, and a run that learns nothing fails.
+
+``docs/train-your-own-agent.md`` is run as a reader runs it, block after block, in a fresh folder with no
+retrieval server: its first block saved as ``my_agents.py`` (a plain Strands agent with one ``@tool``,
+tasks with fields of their own, a reward returning ``RewardOutput``), then the tiny model, the evaluation
+and ``AgentTrainer(..., cpu=True, smoke=True).train()``, each as its own script. Asserted: the evaluation
+scored every episode; verl trained two steps whose reward varied within a group and whose actor gradient
+was not zero; the factory and the reward read the user's own fields (a ``KeyError`` would fail the run).
+Then the same agent with a reward that is 0 for every answer: the smoke run fails, saying there was no
+learning signal (the guard fires on a constant reward injected from the user's side, not from rllm).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from markdown_it import MarkdownIt
+
+os.environ.setdefault("OTEL_SDK_DISABLED", "true")
+pytest.importorskip("verl", reason="AgentTrainer runs verl's trainer (the train extra)")
+
+REPO = Path(__file__).resolve().parents[3]
+PAGE = REPO / "docs" / "train-your-own-agent.md"
+pytestmark = [pytest.mark.timeout(1200), pytest.mark.slow]
+
+
+def _python_blocks() -> list[str]:
+    tokens = MarkdownIt().parse(PAGE.read_text(encoding="utf-8"))
+    return [t.content for t in tokens if t.type == "fence" and t.info.strip() == "python"]
+
+
+def _env(folder: Path) -> dict[str, str]:
+    ray_dir = tempfile.mkdtemp(prefix="rllm-ray-")  # short: Ray's socket paths must fit in 107 bytes
+    return {**os.environ, "RAY_TMPDIR": ray_dir, "RAY_DEDUP_LOGS": "0", "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONPATH": os.pathsep.join([str(folder), str(REPO), os.environ.get("PYTHONPATH", "")])}
+
+
+def _script(folder: Path, name: str, code: str) -> subprocess.CompletedProcess[str]:
+    (folder / name).write_text(code, encoding="utf-8")
+    proc = subprocess.run([sys.executable, name], cwd=folder, env=_env(folder), capture_output=True, text=True,
+                          timeout=1100)
+    (folder / f"{name}.log").write_text(proc.stdout + proc.stderr)
+    return proc
+
+
+@pytest.fixture(scope="module")
+def page_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[subprocess.CompletedProcess[str]]]:
+    """The page's blocks, in order, in a fresh folder: the module, then each script."""
+    folder = tmp_path_factory.mktemp("reader")
+    module, *scripts = _python_blocks()
+    assert module.startswith("# my_agents.py")
+    (folder / "my_agents.py").write_text(module, encoding="utf-8")
+    runs = []
+    for index, code in enumerate(scripts):
+        runs.append(_script(folder, f"block_{index + 2}.py", code))
+        assert runs[-1].returncode == 0, runs[-1].stdout[-3000:] + runs[-1].stderr[-3000:]
+    return folder, runs
+
+
+def test_the_pages_blocks_are_a_module_a_model_an_evaluation_and_a_training_run() -> None:
+    blocks = _python_blocks()
+    assert len(blocks) == 4
+    assert "AgentWorkflowEngine" in blocks[2] and "AgentTrainer(" in blocks[3] and "cpu=True" in blocks[3]
+
+
+def test_the_evaluation_scores_every_episode_of_the_users_tasks(page_run: Any) -> None:
+    folder, runs = page_run
+    lines = runs[1].stdout.strip().splitlines()
+    assert len(lines) == 4 * 2  # four tasks, two rollouts each
+    assert all(line.split()[0] in {"finished", "max_turns", "max_tokens"} for line in lines), lines
+    episodes = [json.loads(line) for line in (folder / "runs/mine/episodes.jsonl").read_text().splitlines()]
+    assert {e["task"]["country"] for e in episodes} == {"France", "Japan", "Kenya", "Peru"}  # the user's own dicts
+
+
+def test_agent_trainer_trains_the_users_agent_two_steps_with_a_gradient(page_run: Any) -> None:
+    folder, runs = page_run
+    metrics = [json.loads(line) for line in (folder / "runs/mine/metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2]
+    printed = [line.split() for line in runs[2].stdout.strip().splitlines()[-2:]]
+    assert [row[0] for row in printed] == ["1", "2"]  # the page prints train()'s metrics, one line a step
+    signal = [m["data"]["rllm/guard/groups_with_signal_share"] for m in metrics]
+    grads = [m["data"]["actor/grad_norm"] for m in metrics]
+    assert any(s > 0 for s in signal), signal  # the reward varied within a group ...
+    assert any(g > 0 for g, s in zip(grads, signal, strict=True) if s > 0), grads  # ... and the weights moved
+    assert "retrieval server" not in (folder / "runs/mine/train.log").read_text()  # none needed, none checked
+    recipe = (folder / "runs/mine/agent_trainer.yaml").read_text()
+    assert "agent_factory: my_agents:my_agent" in recipe and "reward_fn: my_agents:my_reward" in recipe
+
+
+def test_a_smoke_run_whose_reward_never_varies_fails_saying_no_learning_signal(page_run: Any) -> None:
+    folder, _ = page_run
+    code = (
+        "from my_agents import TASKS, my_agent\n"
+        "from rllm.errors import TrainingRunError\n"
+        "from rllm.trainer import AgentTrainer\n"
+        "from rllm.workflows import StrandsWorkflow\n\n"
+        "def zero(task, final_answer):\n"
+        "    return 0.0\n\n"
+        "trainer = AgentTrainer(StrandsWorkflow, {'agent_factory': my_agent, 'reward_fn': zero,\n"
+        "                       'model_kwargs': {'params': {'max_tokens': 64}}},\n"
+        "                       {'actor_rollout_ref.model.path': 'runs/tiny-qwen3', 'data.max_prompt_length': 512,\n"
+        "                        'data.max_response_length': 512, 'actor_rollout_ref.rollout.max_model_len': 1024},\n"
+        "                       TASKS, cpu=True, smoke=True, output_dir='runs/zero')\n"
+        "try:\n"
+        "    trainer.train()\n"
+        "except TrainingRunError as error:\n"
+        "    print('REFUSED', error)\n"
+    )
+    proc = _script(folder, "zero_reward.py", code)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    refused = [line for line in proc.stdout.splitlines() if line.startswith("REFUSED")]
+    assert refused and "no learning signal: in all 2 step(s) every rollout of every group got the same reward" \
+        in refused[0], proc.stdout[-3000:]
+    assert "step 1: every group's rollouts got the same reward" in proc.stdout  # the first step's warning
+    metrics = [json.loads(line) for line in (folder / "runs/zero/metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2]  # both steps ran; the end of the run refused them
