@@ -1,7 +1,7 @@
 """RLOO over rollouts, not rows: a rollout stored as several samples counts once in its group.
 
 A rollout whose history a conversation manager rewrote is several samples
-(``TokenSession.samples``), which verl 0.9.1's v1 trainer stores as rows ``{uid}_{session_id}_{index}``,
+(``TokenSession.samples``), which the pinned verl's v1 trainer stores as rows ``{uid}_{session_id}_{index}``,
 every row carrying the rollout's reward. verl computes the advantage per rollout (the last sample's,
 broadcast to the others) for GRPO only (``compute_advantage_for_multi_trajectories``); RLOO runs over
 rows, so a rollout split into three samples would be three members of its group's leave-one-out

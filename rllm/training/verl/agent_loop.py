@@ -1,39 +1,15 @@
 """``StrandsAgentLoop``: a verl agent loop that runs an unchanged Strands agent on exact tokens.
 
-verl (0.9.1) builds one agent loop per trajectory from the YAML list named by
-``actor_rollout_ref.rollout.agent.agent_loop_config_path`` (an entry that only names this class)
-and calls ``run(sampling_params, **row)``. The loop reads its settings from the recipe alone, as
-verl's own loops read ``multi_turn.*`` (see ``loop_settings``). This loop builds a ``StrandsAgent`` over
-``RLLMModel(VerlEngine(server_manager))`` for
-the row, runs it with ``invoke_async`` and returns one ``AgentLoopOutput`` per sample of the
-rollout (one, unless a conversation manager rewrote the history: see ``TokenSession.samples``),
-each from its ``TokenTrace``: ``prompt_ids`` is the sample's rendered prompt, ``response_ids``
-everything after it (sampled and tool tokens, capped at ``rollout.response_length``),
-``response_mask`` 1 exactly on sampled tokens and ``response_logprobs`` their sampling logprobs
-(0.0 elsewhere). verl's v1 worker stores the samples as rows ``{uid}_{session_id}_{index}`` and
-scores the last one with the custom reward function (``rllm.training.verl.reward``, which reads the
-final answer from ``extra_fields``), copying its reward to the others; the guarded trainer groups
-the ``rollout.n`` rollouts of a row by ``uid`` for RLOO, one rollout counting once whatever its
-samples (``rllm.training.verl.advantage``), and trains.
-
-Only typed infrastructure failures and cancelled rollouts are excluded from the update: the
-rollout server unreachable, failing, throttled or aborting the generation
-(``rllm.errors.InfrastructureError`` from the engine), a tool's backend marking its own failure (a
-tool raising an ``InfrastructureError`` such as ``ToolBackendError``, or one of
-``infra_exceptions``), the rollout running past ``timeout_s``, or the run cancelled (``CANCELLED``:
-no outcome of the policy to train on). ``run`` then returns an empty list, which verl's v1
-TransferQueue worker stores as "no trajectory for this session": the rollout carries no tokens, gets
-no reward and takes no part in its group's RLOO baseline (``compute_rloo_outcome_advantage`` groups
-whatever rows share a ``uid``). (verl's legacy v0 trainer, which cannot drop a row, is refused at
-launch.) ``rollout`` still returns such a rollout's output, flagged and with an all-zero
-``response_mask``, for whoever inspects it.
-
-Anything else (a template error, a ``TypeError``, an unknown tool factory, a tool backend
-refusing its credentials with a ``ConfigurationError``) raises out of ``run`` with its cause:
-such an error would end every rollout the same way, so it must fail the step, not be trained
-around. ``rllm.training.verl.manager.StrandsAgentLoopManager`` makes verl's v1 trainer fail
-on it (verl's own worker only logs a session's exception) and stops a step whose rollouts are
-mostly dropped.
+verl builds one loop per trajectory from the registry ``actor_rollout_ref.rollout.agent.agent_loop_config_path``
+names and calls ``run(sampling_params, **row)``; the loop reads its settings from the recipe alone
+(``loop_settings``: ``rllm.agent_loop``, ``rllm.reward_fn``, verl's ``multi_turn`` keys). It builds the
+row's agent (from ``tool_factory``, or the user's ``agent_factory`` given the row's task) over
+``RLLMModel(VerlEngine(server_manager))``, runs it as evaluation does (``run_factory_built``), scores it
+with ``rllm.reward_fn`` when set, and returns one ``AgentLoopOutput`` per sample of the rollout, each from
+its ``TokenTrace`` (``response_mask`` 1 exactly on sampled tokens). A typed infrastructure failure or a
+cancelled run returns no sample (verl drops the rollout from the update); any other error raises with its
+cause, and ``StrandsAgentLoopManager`` fails the step on it. Why, and how verl groups and scores the
+samples: ARCHITECTURE.md, "Training" and "Credit".
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 For tests and laptops: ``RLLM_VERL_CPU=1`` (set by the launcher's ``--cpu``, never chosen silently)
 makes the plugin (``rllm.training.verl.plugin``, imported by ``import verl`` in every process)
-register this platform, and the launcher adds ``CPU_OVERRIDES`` to the recipe. verl 0.9.1 ships no
+register this platform, and the launcher adds ``CPU_OVERRIDES`` to the recipe. The pinned verl ships no
 CPU platform; what it takes:
 
 * a ``PlatformBase`` named ``cpu`` (verl's own registry; ``VERL_PLATFORM=cpu`` selects it) whose
@@ -68,7 +68,7 @@ CPU_OVERRIDES = [
 ]
 """Hydra overrides that fit a recipe to one CPU process: one logical GPU, one storage unit, sdpa,
 FSDP2, the embedded rollout backend in fp32 (fp16 does not work on CPU: see ``check_precision``).
-And four that cost a 2-core machine most of a step (measured: README, "verl's step on a CPU"): one
+And four that cost a 2-core machine most of a step (measured: docs/benchmarks.md): one
 reward worker, not verl's 8 (each a Python process importing verl and torch at start-up); no
 ``torch.compile`` of the entropy function (inductor compiles C++ on the first step); padded rather
 than packed micro-batches (``use_remove_padding``: packed rows share one attention call under
@@ -92,7 +92,7 @@ def _nothing(*args: Any, **kwargs: Any) -> None:
 
 
 class _CPUDevice:
-    """What verl 0.9.1 calls on ``get_torch_device()`` (its ``torch.cuda``), answered for the CPU; nothing else.
+    """What the pinned verl calls on ``get_torch_device()`` (its ``torch.cuda``), answered for the CPU; nothing else.
 
     ``torch.cpu``'s own functions where it has them (streams, events, synchronize, device count);
     memory statistics are 0 and cache control does nothing (the host has no device allocator); the

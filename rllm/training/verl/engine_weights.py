@@ -13,7 +13,7 @@ function to its workers only with ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` (pickl
 engine's own processes); the vLLM recipe sets it and the launcher refuses a vLLM run without it.
 
 SGLang (``rollout.name=sglang``): SGLang's own ``POST /weights_checker {"action": "checksum"}``
-(sglang 0.5.12, the release verl 0.9.1 pins) answers, per rank, a hash of every tensor under
+(sglang 0.5.12, the release the pinned verl pins) answers, per rank, a hash of every tensor under
 SGLang's names, computed on the GPU by SGLang; rllm cannot compute the same hash of the actor's
 tensors, so these are compared for change only.
 

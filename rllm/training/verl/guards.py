@@ -1,39 +1,15 @@
 """Guards that say when verl training has stopped being real: a metric each per step, and a stop when violated.
 
-Training can go on looking healthy while learning nothing. Each way it can is measured on every
-step from the batch verl trained on, logged beside verl's own metrics under ``rllm/guard/``, and
-checked against the recipe's ``rllm.guards`` block (on by default; ``null`` turns one off). A guard
-that is on but cannot read what it checks stops the step at once, saying so: off is a setting,
-never an accident.
-
-* ``max_logprob_gap``: the mean |log-prob the rollout sampled with - log-prob the actor computes|
-  over sampled tokens, before the update. Far apart, the served weights are not the trained ones (a
-  sync that never arrived, a LoRA adapter never merged, a template or tokenizer mismatch). Stop.
-  verl's decoupled mode recomputes every rollout's log-probs, so all are compared; in its bypass mode
-  (``algorithm.rollout_correction.bypass_mode``, the recipes' default: the update uses the sampler's
-  exact log-probs) the actor recomputes them for ``logprob_audit_rollouts`` rollouts of the step.
-* Group integrity, always: an RLOO group is the rollouts of one prompt. A group whose rollouts began
-  from different prompt tokens, a prompt (its dataset row) whose rollouts landed in two groups, or a
-  group with more rollouts than ``rollout.n`` gives wrong advantages silently, so it stops. The share
-  of groups whose advantages are all zero is logged (``zero_advantage_group_share``).
-* ``min_rollouts_per_group``: RLOO's baseline needs ``rollout.n >= 2``; a group of one turns it into
-  plain REINFORCE with no baseline (refused at launch, and any step with a group smaller than this
-  stops: a dropped rollout can leave one).
-* ``max_truncated_share``: the share of responses cut at ``response_length``. Stop above it.
-* ``max_steps_without_signal``: steps in a row whose reward is constant within every group (no
-  gradient at all). Stop after that many. The first step without one is a warning, and a run that
-  ends without a single step with one (a two-step smoke run that never reached the limit) ends with
-  ``TrainingGuardError`` "no learning signal" (``check_run_end``); ``null`` turns both off.
-* tool calls per episode falling to zero after they were above it: a warning with the step (a
-  policy may legitimately stop calling tools, but never unnoticed).
-* a loss or entropy that is NaN or infinite, or a NaN gradient norm, stops with the step, always (an
-  infinite gradient norm alone is fp16's grad scaler skipping that update, not a stop).
-
-The served weights are also compared with the actor's after every sync, by fingerprint
-(``rllm.training.verl.served_weights``). ``GuardedTrainer`` (``rllm.training.verl.runner``) checks
-the rollout guards once verl has the rewards and the audited log-probs, before the update
-(``check_rollouts``), and the loss right after the update (``check_update``), before the step's
-checkpoint and weight sync.
+Each way training can go on looking healthy while learning nothing is measured on every step from the
+batch verl trained on, logged under ``rllm/guard/`` beside verl's metrics, and checked against the
+recipe's ``rllm.guards`` block (on by default; ``null`` turns one off; a guard that is on but cannot read
+what it checks stops the step): the log-prob gap between the rollout and the actor
+(``max_logprob_gap``, audited on ``logprob_audit_rollouts`` in verl's bypass mode), group integrity
+(always), ``min_rollouts_per_group``, ``max_truncated_share``, ``max_steps_without_signal`` (with a
+warning at the first step without a learning signal, and ``check_run_end`` failing a run that never had
+one), tool calls falling to zero (a warning), and a non-finite loss, entropy or NaN gradient norm
+(always). ``GuardedTrainer`` (``rllm.training.verl.runner``) calls them; the table of guards, their
+metrics and the faults that show each one stopping verl's trainer is in docs/training-verl.md.
 """
 
 from __future__ import annotations
@@ -59,7 +35,7 @@ PREFIX = "rllm/guard/"
 """Prefix of the guard metrics in verl's logged metrics."""
 
 _LOSS_METRICS = ("actor/loss", "actor/pg_loss", "actor/entropy_loss", "actor/kl_loss", "actor/entropy")
-"""What verl 0.9.1's v1 trainer logs for the update: ``actor/loss`` is the loss it backpropagates (``pg_loss``
+"""What the pinned verl's v1 trainer logs for the update: ``actor/loss`` is the loss it backpropagates (``pg_loss``
 minus ``entropy_coeff * entropy_loss`` plus ``kl_loss_coef * kl_loss``; the last two only when computed), and
 ``actor/entropy`` the token-mean entropy of the step's responses (only when verl recomputes log-probs)."""
 _GRAD_NORM = "actor/grad_norm"
@@ -216,7 +192,7 @@ class TrainingGuards:
             value = float(metrics[name])
             if not math.isfinite(value):
                 raise TrainingGuardError(f"step {step}: {name} is {value}; stopping instead of training on it "
-                                         "(fp16 overflow? see the README's precision notes)", step=step)
+                                         "(fp16 overflow? see docs/training-verl.md, Precision)", step=step)
         norm = metrics.get(_GRAD_NORM)
         if norm is not None and math.isnan(float(norm)):
             raise TrainingGuardError(f"step {step}: {_GRAD_NORM} is nan: the update's gradient is not a number",

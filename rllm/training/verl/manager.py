@@ -1,6 +1,6 @@
 """``StrandsAgentLoopManager``: verl's v1 agent-loop manager, made to stop a step that went wrong.
 
-verl 0.9.1's v1 worker (``AgentLoopWorkerTQ``) runs every rollout as a fire-and-forget task: an
+The pinned verl's v1 worker (``AgentLoopWorkerTQ``) runs every rollout as a fire-and-forget task: an
 exception raised by an agent loop is logged and its prompt group marked ``failure`` (the missing
 trajectories are padded downstream), and a rollout the loop drops (``run`` returned ``[]``) is
 only logged. Neither stops training, so a bug every rollout hits, or a dead tool backend, would

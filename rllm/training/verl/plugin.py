@@ -1,6 +1,6 @@
 """What ``import verl`` loads from rllm in every process of a run: the embedded rollout backend and the CPU mode.
 
-rllm declares this module as a ``verl.plugins`` entry point (pyproject.toml), which verl 0.9.1
+rllm declares this module as a ``verl.plugins`` entry point (pyproject.toml), which the pinned verl
 imports at the end of ``verl/__init__.py`` in the driver, the task runner and every Ray worker, so a
 normal ``pip install`` is enough. Importing it:
 

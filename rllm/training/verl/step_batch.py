@@ -1,6 +1,6 @@
 """What the training guards read of a step's batch, from verl's TransferQueue.
 
-verl 0.9.1's v1 trainer keeps a step's rows in TransferQueue (``transfer_queue.kv_batch_get``), one
+The pinned verl's v1 trainer keeps a step's rows in TransferQueue (``transfer_queue.kv_batch_get``), one
 row per agent-loop output, keyed ``{uid}_{session_id}_{index}``: ``uid`` is the prompt's group,
 ``session_id`` the rollout within it. The guards count rollouts, not rows, so the rows of one
 rollout (``uid``, ``session_id``) are read as one. Padding rows (tagged ``is_padding``) are left out.

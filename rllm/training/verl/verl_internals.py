@@ -1,6 +1,6 @@
 """Every place rllm reaches into verl's or Ray's internals, in one module, each pinned by a test.
 
-verl 0.9.1 offers public ways to add a rollout backend (``RolloutReplicaRegistry``), a trainer
+The pinned verl offers public ways to add a rollout backend (``RolloutReplicaRegistry``), a trainer
 (``register_trainer``), a platform (``PlatformRegistry``), an agent-loop manager (a config key) and a
 task runner (``run_ppo``'s argument). What it does not offer, rllm takes from here and nowhere else:
 
@@ -90,7 +90,7 @@ def check_verl_version(*, strict: bool) -> str | None:
 def register_worker_rollout(name: str, adapter_path: str) -> None:
     """Make ``rollout.name=name`` resolve to the ``BaseRollout`` at ``adapter_path`` inside every FSDP worker.
 
-    verl 0.9.1's workers look it up in ``verl.workers.rollout.base._ROLLOUT_REGISTRY[(name, "async")]``
+    The pinned verl's workers look it up in ``verl.workers.rollout.base._ROLLOUT_REGISTRY[(name, "async")]``
     (a private dict without a register function).
     """
     from verl.workers.rollout import base
@@ -110,7 +110,7 @@ def _gloo_only(initialize: Callable[..., Any]) -> Callable[..., Any]:
 def use_gloo_process_group() -> None:
     """Make verl's FSDP workers start a gloo-only process group (verl would ask for gloo on ``cpu`` twice).
 
-    verl 0.9.1's ``verl.workers.engine_workers`` calls ``initialize_global_process_group_ray(timeout_second=None)``,
+    The pinned verl's ``verl.workers.engine_workers`` calls ``initialize_global_process_group_ray(timeout_second=None)``
     imported by name, which builds ``cpu:gloo,{device}:{backend}``; with device ``cpu`` torch refuses
     ``cpu:gloo,cpu:gloo``. This replaces that name in that module only, with a wrapper passing
     ``backend="cpu:gloo"``.

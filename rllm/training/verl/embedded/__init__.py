@@ -1,6 +1,6 @@
 """The embedded rollout backend for verl: ``rollout.name=rllm_embedded`` serves the policy with ``TransformersEngine``.
 
-verl 0.9.1 ships vLLM, SGLang and TensorRT-LLM backends; none installs on a laptop or beside
+The pinned verl ships vLLM, SGLang and TensorRT-LLM backends; none installs on a laptop or beside
 torch alone on one GPU. This backend needs only torch and transformers. It has verl's three parts:
 
 * ``EmbeddedReplica`` (``replica.py``, a verl ``RolloutReplica``): launches one
