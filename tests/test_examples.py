@@ -59,6 +59,9 @@ def test_traced_search_agent_example_captures_a_rollout(rag_url: str, tmp_path: 
     assert (tmp_path / "run" / "traces.db").is_file()
 
 
-def test_train_example_prints_the_resolved_recipe(tmp_path: Path) -> None:
-    run = _run("train_strands_agent.py", "--dry-run", cwd=ROOT)
+def test_train_example_prints_the_resolved_recipe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fixtures.hotpotqa_rows import write_hotpotqa_rows
+
+    monkeypatch.setenv("HOTPOTQA_DIR", str(write_hotpotqa_rows(tmp_path)))  # --dry-run tries the first row
+    run = _run("train_strands_agent.py", "--dry-run", f"trainer.default_local_dir={tmp_path / 'run'}", cwd=ROOT)
     assert "StrandsAgentLoop" in run.stdout or "agent_loop" in run.stdout

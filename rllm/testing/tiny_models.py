@@ -239,14 +239,15 @@ def build_tiny_qwen3(
 
 
 def end_turns_early(model: transformers.PreTrainedModel, tokenizer: transformers.PreTrainedTokenizerBase,
-                    scale: float = 20.0) -> transformers.PreTrainedModel:
+                    scale: float = 100.0) -> transformers.PreTrainedModel:
     """``model`` with its end-of-turn token's (tied) embedding scaled by ``scale``: its turns end after a few tokens.
 
     A random model on a real vocabulary almost never samples ``<|im_end|>``, so every turn runs to
-    ``max_tokens`` and an agent on it never gives a final answer to score. Scaled by 20, a hidden-64
-    model's turns end after about 2 to 15 tokens (a median near 5) at temperature 1 (by 10: 3 to 40,
-    a median near 10): random answers that finish, for offline runs whose reward must vary. Changed in
-    place and returned.
+    ``max_tokens`` and an agent on it never gives a final answer to score. Scaled by 100, a hidden-64
+    model on Qwen's first 8k ranks ends its turns after about 3 to 30 tokens (a median near 10),
+    sampling at temperature 1 over the whole vocabulary from an agent's prompt with a tool (by 20 most
+    turns still ran to 64 tokens): random answers that finish, for offline runs whose reward must vary.
+    Changed in place and returned.
     """
     eos = tokenizer.convert_tokens_to_ids(IM_END)
     with torch.no_grad():

@@ -309,6 +309,22 @@ def _run(config: DictConfig, dry_run: bool, print_only: bool = False) -> None:
         del secrets
 
 
+USAGE = f"""usage: python -m rllm.training.verl.train [{DRY_RUN_FLAG} | {PRINT_FLAG}] [{SMOKE_FLAG}] [{CPU_FLAG}]
+                                          [--config-name NAME] [--config-dir DIR] [hydra overrides ...]
+
+Runs verl's own trainer (RLOO, rllm's guards) on a recipe; the default is {CONFIG_NAME}, your own agent's
+is strands_agent_rloo (rllm.agent_loop.agent_factory, rllm.reward_fn, data.train_files):
+  {DRY_RUN_FLAG}        check everything before Ray starts (the agent, its tools and reward on the first task) and
+                   print the resolved config; start nothing
+  {PRINT_FLAG}   print the composed config only
+  {SMOKE_FLAG}          two real steps of two prompts x two rollouts on this machine
+  {CPU_FLAG}            run verl on the CPU (fp32, FSDP2, gloo)
+  --config-name    a recipe shipped in rllm/training/verl/config, or one in --config-dir
+  --config-dir     a folder with your own recipe (AgentTrainer writes agent_trainer.yaml into the run's folder)
+Hydra's own help follows.
+"""
+
+
 _HYDRA_OPTIONS = ("--config-name", "-cn", "--config-dir", "-cd", "--config-path", "-cp")
 
 
@@ -330,6 +346,8 @@ def _hydra_options(args: list[str]) -> tuple[list[str], list[str]]:
 def main(argv: list[str] | None = None) -> None:
     """Entry point: strip ``--dry-run`` and let Hydra parse the rest of the command line."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if "--help" in args or "-h" in args:
+        print(USAGE)  # then Hydra's help, which exits
     print_only = PRINT_FLAG in args
     dry_run = DRY_RUN_FLAG in args or print_only
     flags = (DRY_RUN_FLAG, PRINT_FLAG, CPU_FLAG, SMOKE_FLAG)

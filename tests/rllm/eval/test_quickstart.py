@@ -29,8 +29,10 @@ TINY = {"hidden_size": 64, "num_layers": 2, "world_size": 120, "held_out": 4, "e
         "warm_steps": 4, "warm_batch": 8, "prompts_per_step": 2, "rollouts_per_prompt": 2, "micro_batch_size": 4,
         "response_length": 64}
 # Four warm-start steps leave the model nearly random: it writes to the end of every response, which the
-# truncation guard would (rightly) stop; the full quickstart's warm start ends its turns.
-PLUMBING_ONLY = ["--verl-override", "rllm.guards.max_truncated_share=null"]
+# truncation guard would (rightly) stop, and its reward is 0 everywhere, which the end of the run would (rightly)
+# fail as "no learning signal"; the full quickstart's warm start ends its turns and its reward varies.
+PLUMBING_ONLY = ["--verl-override", "rllm.guards.max_truncated_share=null",
+                 "--verl-override", "rllm.guards.max_steps_without_signal=null"]
 
 
 @pytest.mark.timeout(900)

@@ -102,9 +102,13 @@ def test_verls_grad_scaler_is_off_on_cpu_and_steps_into_a_nan_gradient() -> None
     assert math.isnan(weight[0].item())
 
 
-def test_the_cpu_launch_refuses_fp16_with_its_reason_and_accepts_bf16(monkeypatch) -> None:
+def test_the_cpu_launch_refuses_fp16_with_its_reason_and_accepts_bf16(monkeypatch, tmp_path) -> None:
+    from fixtures.hotpotqa_rows import write_hotpotqa_rows
+
     from rllm.training.verl.cpu import CPU_OVERRIDES
     from rllm.training.verl.train import CONFIG_DIR, CONFIG_NAME, check_launch, prepare_config
+
+    monkeypatch.setenv("HOTPOTQA_DIR", str(write_hotpotqa_rows(tmp_path)))  # the launch tries the first row
 
     def launch(*overrides: str) -> None:
         with hydra.initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):

@@ -66,14 +66,9 @@ ADDED_KEYS = {
 @pytest.fixture(autouse=True, scope="module")
 def hotpotqa_rows(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """The recipe's rows (two questions each), where the recipe reads them: the launcher tries the first one."""
-    from rllm.agents.search import search_verl_rows
-    from rllm.data.hotpotqa import load_hotpotqa
-    from rllm.data.verl_rows import write_parquet
+    from fixtures.hotpotqa_rows import write_hotpotqa_rows
 
-    root = tmp_path_factory.mktemp("hotpotqa")
-    tasks = load_hotpotqa()
-    write_parquet(search_verl_rows(tasks[:2], "train"), root / "train.parquet")
-    write_parquet(search_verl_rows(tasks[2:4], "validation"), root / "validation.parquet")
+    root = write_hotpotqa_rows(tmp_path_factory.mktemp("hotpotqa"))
     previous = os.environ.get("HOTPOTQA_DIR")
     os.environ["HOTPOTQA_DIR"] = str(root)  # the launch script's subprocesses read it too
     yield root
