@@ -28,6 +28,7 @@ import abc
 import asyncio
 import copy
 import logging
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +57,7 @@ class TokenSession:
     """One rollout's token state: its samples, the messages and tools the current one covers, its tool-call ids.
 
     ``trace`` is the current sample, the last of ``samples``; a rewritten history starts a new one.
+    ``generate_seconds`` is the wall time its backend spent generating.
     Copying returns the same object: Strands deep-copies per-agent model state around every call,
     and the session must stay one object for the whole rollout.
     """
@@ -66,6 +68,7 @@ class TokenSession:
     call_ids: CallIdFactory = field(default_factory=CallIdFactory)
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     samples: list[TokenTrace] = field(default_factory=list)
+    generate_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.samples:
@@ -158,11 +161,14 @@ class TokenEngine(abc.ABC):
         max_new = min(int(params.pop("max_tokens", params.pop("max_completion_tokens", room))), room)
         params.pop("tool_choice", None)
         prompt_ids = list(trace.token_ids)
+        started = time.perf_counter()
         try:
             output = await self._generate(prompt_ids, max_new, params, session)
         except asyncio.CancelledError:
             self._unwind(session, *before)
             raise
+        finally:
+            session.generate_seconds += time.perf_counter() - started
         if output.finish_reason == "abort":
             self._unwind(session, *before)
             raise GenerationAbortedError(

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,13 +43,11 @@ class VerlSession(TokenSession):
     """A rollout's token state plus what verl reports about its generations.
 
     Attributes:
-        generate_seconds: Wall time spent in ``server_manager.generate``.
         num_preempted: Preemptions the server reported (-1 when it reports none).
         min_global_steps: Policy version of the first generation (for verl's staleness checks).
         max_global_steps: Policy version of the latest generation.
     """
 
-    generate_seconds: float = 0.0
     num_preempted: int = -1
     min_global_steps: int | None = None
     max_global_steps: int | None = None
@@ -146,7 +143,6 @@ class VerlEngine(TokenEngine):
         max_new = self._budget(prompt_ids, max_new_tokens, session)
         params = {**self.server_sampling, **{k: v for k, v in sampling.items() if k in _PASS_THROUGH}}
         params["max_tokens"] = max_new
-        started = time.perf_counter()
         try:
             output = await self.server_manager.generate(
                 request_id=session.request_id, prompt_ids=prompt_ids, sampling_params=params
@@ -160,9 +156,6 @@ class VerlEngine(TokenEngine):
                 f"verl rollout server failed for request {session.request_id}: {type(error).__name__}: {error}",
                 cause=repr(error),
             ) from error
-        finally:
-            if isinstance(session, VerlSession):
-                session.generate_seconds += time.perf_counter() - started
         if isinstance(session, VerlSession):
             self._record(session, output)
         ids = [int(i) for i in output.token_ids]

@@ -146,6 +146,11 @@ class FinishedRollout:
             there), or filled it and ended by the token budget.
         num_model_calls: Sampled turns over all samples (0 without a token engine).
         metrics: ``trajectory_metrics`` plus ``latency_s``.
+        token_sessions: Every token session the rollout sampled in (one per agent, a team node's
+            each; the policy server's for an agent on its own client), in order.
+        generation_seconds: Wall time its engines spent generating (``TokenSession.generate_seconds``).
+        tool_seconds: Wall time its agents spent in tools (Strands' ``event_loop_metrics``).
+        num_preempted: Preemptions the serving backend reported (-1: none reported).
     """
 
     end: RolloutEnd
@@ -156,6 +161,10 @@ class FinishedRollout:
     truncated: bool = False
     num_model_calls: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
+    token_sessions: list[Any] = field(default_factory=list)
+    generation_seconds: float = 0.0
+    tool_seconds: float = 0.0
+    num_preempted: int = -1
 
     @property
     def trajectory(self) -> Trajectory:
@@ -215,7 +224,8 @@ async def run_rollout(
     """
     recorder = rollout_recorder(agent, recorder, "run_rollout")
     end, error, latency = await invoke_agent(agent, prompt, recorder, timeout_s)
-    return finished_rollout(end, error, list(recorder.trajectories), latency, response_length)
+    return finished_rollout(end, error, list(recorder.trajectories), latency, response_length,
+                            agents=[agent], token_sessions=recorder.token_sessions)
 
 
 def rollout_recorder(agent: Agent, recorder: RolloutRecorder | None, caller: str) -> RolloutRecorder:
@@ -247,20 +257,35 @@ async def invoke_agent(agent: Agent, prompt: Any, recorder: RolloutRecorder,
     return read_rollout(recorder, error, stop_reason), error, time.perf_counter() - started
 
 
+def _tool_seconds(agents: list[Agent]) -> float:
+    """Wall time the agents spent in tools, from Strands' ``event_loop_metrics``."""
+    return float(sum(m.total_time for a in agents for m in a.event_loop_metrics.tool_metrics.values()))
+
+
 def finished_rollout(end: RolloutEnd, error: BaseException | None, trajectories: list[Trajectory], latency: float,
-                     response_length: int | None) -> FinishedRollout:
+                     response_length: int | None, *, agents: list[Agent] | None = None,
+                     token_sessions: list[Any] | None = None) -> FinishedRollout:
     """The ``FinishedRollout`` of a run's trajectories: metrics, and the verl fields of every sample.
 
-    Every runner builds its record here (an agent's, a team's, a traced agent's from the trace store).
+    Every runner builds its record here (an agent's, a team's, a traced agent's from the trace store);
+    ``agents`` are what ran (their tool time), ``token_sessions`` where they sampled.
     """
     metrics = {**trajectory_metrics(trajectories), "latency_s": latency}
+    sessions = list(token_sessions or [])
+    run = {
+        "token_sessions": sessions,
+        "generation_seconds": float(sum(getattr(s, "generate_seconds", 0.0) for s in sessions)),
+        "tool_seconds": _tool_seconds(list(agents or [])),
+        "num_preempted": max((int(getattr(s, "num_preempted", -1)) for s in sessions), default=-1),
+    }
     traced = [(t.name, t.token_trace) for t in trajectories if t.token_trace is not None]
     kept = [(name, trace) for name, trace in traced if trace.num_turns] or traced[:1]
     sampled = [trace for _, trace in kept]
     if not sampled:
-        return FinishedRollout(end=end, error=error, trajectories=trajectories, metrics=metrics)
+        return FinishedRollout(end=end, error=error, trajectories=trajectories, metrics=metrics, **run)
     last = sampled[-1]
     return FinishedRollout(
+        **run,
         end=end,
         error=error,
         trajectories=trajectories,
@@ -351,7 +376,8 @@ async def run_team_rollout(
     end = read_team(result, recorders, error)
     order = _node_order(result, recorders) if result is not None else list(recorders)
     trajectories = [t for node_id in order for t in recorders[node_id].trajectories if t.steps or t.token_trace]
-    finished = finished_rollout(end, error, trajectories, latency, response_length)
+    finished = finished_rollout(end, error, trajectories, latency, response_length, agents=built_agents(team),
+                                token_sessions=[s for r in recorders.values() for s in r.token_sessions])
     finished.metrics["nodes"] = float(len({t.name for t in trajectories}))
     return finished
 

@@ -89,7 +89,7 @@ async def run_traced_rollout(
                                     f"{store.path} (session {ctx.id}) within {wait_s} s")
         end = read_rollout(recorder, error)
     trajectories = _samples(rebuilt, recorder, ctx.id)
-    return finished_rollout(end, error, trajectories, latency, response_length)
+    return finished_rollout(end, error, trajectories, latency, response_length, agents=[agent])
 
 
 def _model_calls(recorder: RolloutRecorder) -> int:
@@ -100,15 +100,15 @@ def _model_calls(recorder: RolloutRecorder) -> int:
 async def run_served_rollout(
     agent: Agent, prompt: Any, server: PolicyServer, engine: TokenEngine, *, recorder: RolloutRecorder | None = None,
     params: dict[str, Any] | None = None, timeout_s: float | None = None, response_length: int | None = None,
-) -> tuple[FinishedRollout, TokenSession]:
-    """``run_traced_rollout`` for an agent whose own client calls ``server`` (training): the record and the tokens.
+) -> FinishedRollout:
+    """``run_traced_rollout`` for an agent whose own client calls ``server`` (training): its record.
 
     The rollout opens a session on ``server`` served by ``engine`` (``params``: sampling under every
     call's own); its record is read from the server's traces, as from the proxy's store. A run that
     raised ends on what the engine raised, when it raised something (the HTTP error the client saw
     is its echo). The record's samples must be the engine's ``TokenSession`` samples, token for token
-    (``TokenTraceError`` otherwise: the traces do not say what was sampled). Returns the record and
-    the session (a ``VerlSession`` carries verl's reports on its generations).
+    (``TokenTraceError`` otherwise: the traces do not say what was sampled). The record's
+    ``token_sessions`` is that session (a ``VerlSession`` carries verl's reports on its generations).
     """
     recorder = rollout_recorder(agent, recorder, "run_served_rollout")
     session_id = f"rollout-{uuid.uuid4().hex}"
@@ -118,7 +118,10 @@ async def run_served_rollout(
     if finished.error is not None and served.error is not None and finished.error is not served.error:
         finished = dataclasses.replace(finished, end=read_rollout(recorder, served.error), error=served.error)
     _check_samples(finished, served.token_session, session_id)
-    return finished, served.token_session
+    session = served.token_session
+    return dataclasses.replace(finished, token_sessions=[session],
+                               generation_seconds=float(getattr(session, "generate_seconds", 0.0)),
+                               num_preempted=int(getattr(session, "num_preempted", -1)))
 
 
 def check_factory_built(built: Built, model: Model, *, own_client: bool, who: str, fix: str) -> bool:
@@ -138,8 +141,8 @@ async def run_factory_built(
     built: Built, prompt: Any, recorders: dict[str, RolloutRecorder], model: Model, engine: TokenEngine, *,
     server: PolicyServer | None, who: str, fix: str, params: dict[str, Any] | None = None,
     timeout_s: float | None = None, response_length: int | None = None,
-) -> tuple[FinishedRollout, list[TokenSession]]:
-    """Run what an agent factory built on ``model`` in training: the record and the token sessions of its samples.
+) -> FinishedRollout:
+    """Run what an agent factory built on ``model`` in training: its record (``token_sessions`` included).
 
     With ``server`` (``own_client``), one ``Agent`` on its own client is served the policy by ``engine``
     (``run_served_rollout``). Anything else runs on ``model`` (``run_built``); an agent or team node on
@@ -148,11 +151,9 @@ async def run_factory_built(
     if check_factory_built(built, model, own_client=server is not None, who=who, fix=fix):
         (recorder,) = recorders.values()
         assert server is not None and isinstance(built, Agent)
-        finished, session = await run_served_rollout(built, prompt, server, engine, recorder=recorder, params=params,
-                                                     timeout_s=timeout_s, response_length=response_length)
-        return finished, [session]
-    finished = await run_built(built, prompt, recorders, timeout_s=timeout_s, response_length=response_length)
-    return finished, [s for r in recorders.values() for s in r.token_sessions]
+        return await run_served_rollout(built, prompt, server, engine, recorder=recorder, params=params,
+                                        timeout_s=timeout_s, response_length=response_length)
+    return await run_built(built, prompt, recorders, timeout_s=timeout_s, response_length=response_length)
 
 
 def _check_samples(finished: FinishedRollout, token_session: TokenSession, session_id: str) -> None:

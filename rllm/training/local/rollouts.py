@@ -77,7 +77,7 @@ async def _run_one(
     else:
         built = agent_factory(model, dict(request.task or {"prompt": request.prompt}))
     recorders = record_built(built, budget=budget)
-    finished, _ = await run_factory_built(
+    finished = await run_factory_built(
         built, request.prompt, recorders, model, engine, server=policy_server, who="run_rollouts: agent_factory",
         fix="build it on the model it is given, or, for an agent on its own OpenAI client, pass own_client=True",
         params=dict(request.sampling), response_length=response_length)

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
-from strands import Agent
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
 
 from rllm.data.verl_rows import row_task
@@ -33,7 +32,6 @@ from rllm.integrations.strands.rollout import (
     Built,
     FinishedRollout,
     build_agent,
-    built_agents,
     record_built,
     silence_printing,
 )
@@ -390,12 +388,12 @@ class StrandsAgentLoop(AgentLoopBase):
         prompt: Any = conversation
         if len(conversation) == 1 and conversation[0]["role"] == "user":
             prompt = conversation[0]["content"][0]["text"]
-        finished, sessions = await run_factory_built(
+        finished = await run_factory_built(
             built, prompt, recorders, model, engine, server=policy_server if self.settings.own_client else None,
             **factory_refusal(self.settings), params=params, timeout_s=self.settings.timeout_s,
             response_length=self.response_length)
         finished.raise_if_unexpected()
-        outputs = self._outputs(built_agents(built), sessions, finished, kwargs)
+        outputs = self._outputs(finished, kwargs)
         if self.settings.reward_fn is not None and finished.end.scored:
             reward = await score_answer(import_object(self.settings.reward_fn), row_task_or_row(kwargs),
                                         finished.end.final_answer)
@@ -428,8 +426,7 @@ class StrandsAgentLoop(AgentLoopBase):
         silence_printing(built)
         return built, recorders
 
-    def _outputs(self, agents: list[Agent], token_sessions: list[Any], finished: FinishedRollout,
-                 row: dict[str, Any]) -> list[AgentLoopOutput]:
+    def _outputs(self, finished: FinishedRollout, row: dict[str, Any]) -> list[AgentLoopOutput]:
         """One ``AgentLoopOutput`` per sample of a finished rollout, masked when not ``scored`` (infra, cancelled).
 
         Every sample carries the rollout's ``extra_fields`` (the last one is scored) plus its
@@ -449,17 +446,15 @@ class StrandsAgentLoop(AgentLoopBase):
             "response_truncated": finished.truncated,
             "num_samples": len(samples),
         }
-        sessions = [s for s in token_sessions if isinstance(s, VerlSession)]
+        sessions = [s for s in finished.token_sessions if isinstance(s, VerlSession)]
         lows = [s.min_global_steps for s in sessions if s.min_global_steps is not None]
         highs = [s.max_global_steps for s in sessions if s.max_global_steps is not None]
         low = min(lows) if lows else row.get("global_steps")
         high = max(highs) if highs else low
         if low is not None:
             extra.update(min_global_steps=int(low), max_global_steps=int(high if high is not None else low))
-        tool_seconds = sum(m.total_time for a in agents for m in a.event_loop_metrics.tool_metrics.values())
-        metrics = AgentLoopMetrics(generate_sequences=sum(s.generate_seconds for s in sessions),
-                                   tool_calls=tool_seconds,
-                                   num_preempted=max((s.num_preempted for s in sessions), default=-1))
+        metrics = AgentLoopMetrics(generate_sequences=finished.generation_seconds, tool_calls=finished.tool_seconds,
+                                   num_preempted=finished.num_preempted)
         outputs = []
         for index, sample in enumerate(samples):
             fields = dict(sample)

@@ -62,7 +62,9 @@ async def server() -> AsyncIterator[PolicyServer]:
 
 
 async def _serve(agent: Agent, server: PolicyServer, engine: MessageScriptedEngine) -> Any:
-    return await run_served_rollout(agent, QUESTION, server, engine, recorder=record(agent))
+    finished = await run_served_rollout(agent, QUESTION, server, engine, recorder=record(agent))
+    (session,) = finished.token_sessions
+    return finished, session
 
 
 def _own_client_agent(server: PolicyServer, model_class: type, **kwargs: Any) -> Agent:
