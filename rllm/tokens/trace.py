@@ -106,6 +106,25 @@ class TokenTrace(BaseModel):
         del self.token_ids[end:], self.loss_mask[end:], self.logprobs[end:], self.segments[num_segments:]
         self.check()
 
+    def mask_turn(self, index: int) -> None:
+        """Make the sampled segment ``index`` context (mask 0, logprobs 0.0): a turn that must not train.
+
+        For an answer the agent discarded when other tokens already follow it; the later segments'
+        ``turn`` numbers are counted again, so ``num_turns`` counts only the turns that train.
+        """
+        if not 0 <= index < len(self.segments) or self.segments[index].kind != "sampled":
+            raise TokenTraceError(f"segment {index} is not a sampled turn")
+        segment = self.segments[index]
+        segment.kind = "context"
+        span = range(segment.start, segment.end)
+        for position in span:
+            self.loss_mask[position], self.logprobs[position] = 0, 0.0
+        turn = 0
+        for each in self.segments:
+            each.turn = turn
+            turn += each.kind == "sampled"
+        self.check()
+
     def check(self) -> None:
         """Raise ``TokenTraceError`` unless lengths agree and segments tile the sequence."""
         n = len(self.token_ids)

@@ -19,11 +19,14 @@ from typing_extensions import Unpack, override
 from rllm.engine.rollout.base import ContextLengthExceededError, EngineThrottledError, RolloutEngine
 from rllm.integrations.strands._cancel import cancelled_output, unless_cancelled
 from rllm.integrations.strands._format import format_messages, format_tool_choice, format_tools, output_events
+from rllm.integrations.strands._turns import mark_turn, session_before
 from rllm.integrations.strands.hooks import MalformedCallGuard
 from rllm.integrations.strands.recording import (
     TOKEN_SESSION_KEY,
     ModelCall,
+    current_run,
     record_model_call,
+    record_side_call,
     record_token_session,
     rollout_model_state,
 )
@@ -105,8 +108,9 @@ class RLLMModel(Model):
         With a token engine, the rollout's ``TokenSession`` lives in the agent's own model state
         (``model_state``), so it follows the agent, not the model, and ``reset()`` clears it; the
         agent reads it as ``agent.token_session`` and its trace as ``agent.trajectory.token_trace``. A
-        call without model state inside an agent's run (Strands' ``SummarizingConversationManager``
-        summarizing with the agent's model) runs in that run's session, as a sample of its own.
+        call without model state inside a recorded agent's run (a side call: Strands' context and
+        conversation managers summarizing with the agent's model) runs in that run's session, as a
+        sample of its own, and is recorded as a step of it (``step.info["side_call"]``).
 
         When ``cancel_signal`` (the agent's, from ``agent.cancel()`` or the invocation's) is set
         while the engine works, the request is aborted on the engine, the call is recorded with
@@ -120,12 +124,14 @@ class RLLMModel(Model):
         if choice is not None:
             sampling["tool_choice"] = choice
         session = None
-        model_state = rollout_model_state(model_state)  # a conversation manager's summary: the run's own state
+        side_call = model_state is None and current_run() is not None  # e.g. a context manager's summary
+        model_state = rollout_model_state(model_state, invocation_state)
         new_session = getattr(self.rollout_engine, "new_session", None)
         if new_session is not None and model_state is not None:
             session = model_state.get(TOKEN_SESSION_KEY) or model_state.setdefault(TOKEN_SESSION_KEY, new_session())
             sampling["session"] = session
             record_token_session(invocation_state, session)
+        before = session_before(session) if session is not None else None
         started = time.perf_counter()
         try:
             output = await unless_cancelled(
@@ -142,7 +148,12 @@ class RLLMModel(Model):
                               ModelCall(messages=request_messages, tools=tools, output=cancelled_output()))
             return
         latency_ms = int(1000 * (time.perf_counter() - started))
-        record_model_call(invocation_state, ModelCall(messages=request_messages, tools=tools, output=output))
+        turn = mark_turn(session, before) if before is not None else None
+        call = ModelCall(messages=request_messages, tools=tools, output=output, turn=turn)
+        if side_call:
+            record_side_call(call)
+        else:
+            record_model_call(invocation_state, call)
         self._guard.protect(invocation_state, output.tool_calls)
         for event in output_events(output, latency_ms):
             yield event

@@ -14,13 +14,30 @@ import logging
 from typing import Any
 
 from strands import Agent
-from strands.hooks import AfterModelCallEvent, BeforeModelCallEvent, HookProvider, HookRegistry, MessageAddedEvent
+from strands.hooks import (
+    AfterInvocationEvent,
+    AfterModelCallEvent,
+    BeforeInvocationEvent,
+    BeforeModelCallEvent,
+    HookProvider,
+    HookRegistry,
+    MessageAddedEvent,
+)
 from strands.types.content import Message
 
 from rllm.integrations.strands._cancel import CANCELLED, cancelled_output
 from rllm.integrations.strands._format import format_messages, format_tools
+from rllm.integrations.strands._turns import TurnMark, take_back
 from rllm.integrations.strands.hooks import Budget, BudgetHook, ToolCallValidator, ToolFailureHook
-from rllm.integrations.strands.recording import ModelCall, receive_token_session, receive_tool_errors, take_model_call
+from rllm.integrations.strands.recording import (
+    ModelCall,
+    RunState,
+    end_run,
+    receive_token_session,
+    receive_tool_errors,
+    start_run,
+    take_model_call,
+)
 from rllm.integrations.strands.termination import termination_reason_for
 from rllm.types import ModelOutput, Step, TerminationReason, ToolCall, Trajectory
 
@@ -55,6 +72,10 @@ class _StepRecorder(HookProvider):
     A token engine's rollout is one or more samples (``TokenSession.samples``: a rewritten history
     starts a new one); the recorder keeps one ``Trajectory`` per sample, each with that sample's
     ``token_trace`` and ``info["sample"]``, and records each call's step in the sample it extended.
+    A side call on the agent's model during its run (a context manager's summary) is a step too,
+    marked ``info["side_call"] = True``. An answer the agent discarded (a hook asked Strands to call
+    the model again, so it never entered the history) loses its step and its tokens are taken back
+    from the session (``_turns.take_back``), counted in its trajectory's ``info["discarded_answers"]``.
     """
 
     def __init__(self, name: str) -> None:
@@ -64,6 +85,8 @@ class _StepRecorder(HookProvider):
         self.sessions: list[Any] = []
         self.last_error: BaseException | None = None
         self._call_cancelled = False
+        self._pending: tuple[Step, TurnMark | None] | None = None
+        self._runs: list[Any] = []
 
     @property
     def trajectory(self) -> Trajectory:
@@ -75,14 +98,30 @@ class _StepRecorder(HookProvider):
         self.token_session = None
         self.sessions = []
         self.last_error = None
+        self._pending = None
 
     def register_hooks(self, registry: HookRegistry, **kwargs: Any) -> None:
+        registry.add_callback(BeforeInvocationEvent, self._before_invocation)
+        registry.add_callback(AfterInvocationEvent, self._after_invocation)
         registry.add_callback(BeforeModelCallEvent, self._before_model_call)
         registry.add_callback(AfterModelCallEvent, self._after_model_call)
         registry.add_callback(MessageAddedEvent, self._message_added)
 
+    def _before_invocation(self, event: BeforeInvocationEvent) -> None:
+        """Open the run: side calls on the agent's model go to its session and its steps until it ends."""
+        run = RunState(agent=event.agent, receive_session=self._receive_token_session,
+                       receive_side_call=self._record_side_call)
+        self._runs.append(start_run(run))
+
+    def _after_invocation(self, event: AfterInvocationEvent) -> None:
+        """Close the run: an answer still not in the history was discarded; nothing of the run outlives it."""
+        self._discard_pending()
+        if self._runs:
+            end_run(self._runs.pop())
+
     def _before_model_call(self, event: BeforeModelCallEvent) -> None:
         # A call cancelled by a hook (the budget) never reaches the model: nothing to record.
+        self._discard_pending()  # the previous answer never entered the history: Strands calls the model again
         self._call_cancelled = bool(event.cancel)
         receive_token_session(event.invocation_state, self._receive_token_session)
         receive_tool_errors(event.invocation_state, self.record_tool_error)
@@ -112,8 +151,40 @@ class _StepRecorder(HookProvider):
             self.trajectories[index].info["sample"] = index
 
     def last_step(self) -> Step | None:
-        """The latest recorded step, in whichever sample it is."""
-        return next((t.steps[-1] for t in reversed(self.trajectories) if t.steps), None)
+        """The latest recorded step of the agent (side calls left out), in whichever sample it is."""
+        steps = (s for t in reversed(self.trajectories) for s in reversed(t.steps) if not s.info.get("side_call"))
+        return next(steps, None)
+
+    def _trajectory_of(self, turn: TurnMark | None) -> Trajectory:
+        """The trajectory of the sample a turn was sampled in (the current one without a token engine)."""
+        if turn is not None:
+            found = next((t for t in self.trajectories if t.token_trace is turn.trace), None)
+            if found is not None:
+                return found
+        return self.trajectory
+
+    def _record_side_call(self, call: ModelCall) -> None:
+        """A side call on the agent's model during its run: a step of the sample its tokens are in."""
+        self._follow_samples()
+        self._trajectory_of(call.turn).steps.append(
+            Step(messages=call.messages, tools=call.tools, model_output=call.output,
+                 stop_reason=call.output.finish_reason, info={"side_call": True})
+        )
+
+    def _discard_pending(self) -> None:
+        """Forget the answer recorded last if the agent discarded it: its step, and its tokens from the session."""
+        if self._pending is None:
+            return
+        step, turn = self._pending
+        self._pending = None
+        for trajectory in self.trajectories:
+            if any(s is step for s in trajectory.steps):
+                trajectory.steps = [s for s in trajectory.steps if s is not step]
+        masked = turn is not None and not take_back(turn)
+        self._follow_samples()
+        info = self._trajectory_of(turn if masked else None).info
+        info["discarded_answers"] = info.get("discarded_answers", 0) + 1
+        logger.debug("the agent discarded an answer (%s)", "masked in place" if masked else "taken back")
 
     def _after_model_call(self, event: AfterModelCallEvent) -> None:
         call = take_model_call(event.invocation_state)
@@ -121,7 +192,11 @@ class _StepRecorder(HookProvider):
         if event.exception is not None:
             self.last_error = event.exception
             return
-        if event.stop_response is None or self._call_cancelled or event.retry:
+        if event.stop_response is None or self._call_cancelled:
+            return
+        if event.retry:  # asked for by a hook that ran before this one: the answer is discarded already
+            self._pending = (Step(messages=[], model_output=ModelOutput()), call.turn if call is not None else None)
+            self._discard_pending()
             return
         agent = event.agent
         if call is None:  # a model that does not record its calls: rebuild what it was given
@@ -132,17 +207,15 @@ class _StepRecorder(HookProvider):
                 output=cancelled_output() if cancelled else _output_from_message(event.stop_response.message),
             )
         self.last_error = None
-        self.trajectory.steps.append(
-            Step(
-                messages=call.messages,
-                tools=call.tools,
-                model_output=call.output,
-                stop_reason=event.stop_response.stop_reason,
-            )
-        )
+        step = Step(messages=call.messages, tools=call.tools, model_output=call.output,
+                    stop_reason=event.stop_response.stop_reason)
+        self._trajectory_of(call.turn).steps.append(step)
+        self._pending = (step, call.turn)  # until its answer enters the history
 
     def _message_added(self, event: MessageAddedEvent) -> None:
         message = event.message
+        if message["role"] == "assistant":
+            self._pending = None
         step = self.last_step()
         if message["role"] == "user" and step is not None and any("toolResult" in b for b in message["content"]):
             step.observation = [m for m in format_messages([message]) if m["role"] == "tool"]

@@ -60,9 +60,10 @@ def final_answer_text(trajectory: Trajectory) -> str:
     A run stopped by the budget right after a tool round has no final answer, so "" is returned
     rather than the Strands stop notice or a tool result.
     """
-    if not trajectory.steps:
+    steps = [step for step in trajectory.steps if not step.info.get("side_call")]
+    if not steps:
         return ""
-    last = trajectory.steps[-1]
+    last = steps[-1]
     if last.tool_calls:
         return ""
     return last.model_output.text
@@ -110,19 +111,30 @@ def read_rollout(recorder: RolloutRecorder, error: BaseException | None = None,
     elif not reason.is_scored:
         failure = recorder.tool_failures.description or reason.value
     finished = reason is TerminationReason.FINISHED and error is None
-    answer = final_answer_text(recorder.trajectories[-1]) if finished else ""
+    agent_steps = [t for t in recorder.trajectories if any(not s.info.get("side_call") for s in t.steps)]
+    answer = final_answer_text((agent_steps or recorder.trajectories)[-1]) if finished else ""
     return RolloutEnd(reason=reason, failure=failure, final_answer=answer)
 
 
 def trajectory_metrics(trajectories: Trajectory | list[Trajectory]) -> dict[str, float]:
-    """Turns, tool calls, refused tool calls, token counts and samples of a rollout's trajectories."""
+    """Turns, side calls, discarded answers, tool calls (refused, malformed), token counts and samples.
+
+    ``turns`` counts the agent's own model calls; ``side_calls`` the calls Strands made on its model
+    outside the agent loop (a context manager's summary), trained as steps of their own;
+    ``discarded_answers`` the answers the agent threw away (never trained); ``malformed_tool_calls``
+    the tool calls the parser could not read.
+    """
     trajectories = [trajectories] if isinstance(trajectories, Trajectory) else trajectories
     steps = [step for trajectory in trajectories for step in trajectory.steps]
+    side_calls = sum(1 for step in steps if step.info.get("side_call"))
     return {
-        "turns": float(len(steps)),
+        "turns": float(len(steps) - side_calls),
+        "side_calls": float(side_calls),
+        "discarded_answers": float(sum(t.info.get("discarded_answers", 0) for t in trajectories)),
         "samples": float(len(trajectories)),
         "tool_calls": float(sum(len(step.tool_calls) for step in steps)),
         "tool_errors": float(sum(t.num_tool_errors for t in trajectories)),
+        "malformed_tool_calls": float(sum(1 for step in steps for call in step.tool_calls if call.error is not None)),
         "prompt_tokens": float(sum(step.model_output.usage.get("prompt_tokens", 0) for step in steps)),
         "completion_tokens": float(sum(step.model_output.usage.get("completion_tokens", 0) for step in steps)),
     }
@@ -145,7 +157,8 @@ class FinishedRollout:
         truncated: A sample's response was cut at ``response_length``: ran past it (its fields cut
             there), or filled it and ended by the token budget.
         num_model_calls: Sampled turns over all samples (0 without a token engine).
-        metrics: ``trajectory_metrics`` plus ``latency_s``.
+        metrics: ``trajectory_metrics`` plus ``latency_s`` and ``rewritten_calls`` (calls whose history
+            was rewritten, over the token sessions).
         token_sessions: Every token session the rollout sampled in (one per agent, a team node's
             each; the policy server's for an agent on its own client), in order.
         generation_seconds: Wall time its engines spent generating (``TokenSession.generate_seconds``).
@@ -190,7 +203,7 @@ class FinishedRollout:
         None: the run never reached its first model call, or its model returned no token ids.
         """
         if not self.samples:
-            calls = int(self.metrics.get("turns", 0))
+            calls = int(self.metrics.get("turns", 0) + self.metrics.get("side_calls", 0))
             if calls:
                 raise RolloutWithoutTokensError(
                     f"none of the rollout's {calls} model calls came with token ids (an engine or a backend that "
@@ -270,8 +283,9 @@ def finished_rollout(end: RolloutEnd, error: BaseException | None, trajectories:
     Every runner builds its record here (an agent's, a team's, a traced agent's from the trace store);
     ``agents`` are what ran (their tool time), ``token_sessions`` where they sampled.
     """
-    metrics = {**trajectory_metrics(trajectories), "latency_s": latency}
     sessions = list(token_sessions or [])
+    metrics = {**trajectory_metrics(trajectories), "latency_s": latency,
+               "rewritten_calls": float(sum(getattr(s, "rewritten_calls", 0) for s in sessions))}
     run = {
         "token_sessions": sessions,
         "generation_seconds": float(sum(getattr(s, "generate_seconds", 0.0) for s in sessions)),

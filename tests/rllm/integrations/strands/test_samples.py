@@ -115,7 +115,8 @@ async def test_an_overflow_that_strands_reduces_continues_in_a_new_sample(tokeni
 
 async def test_a_summary_that_strands_asks_the_model_for_is_a_sample_of_the_rollout(tokenizer) -> None:
     # Strands' SummarizingConversationManager, on a context overflow, calls the agent's model without model
-    # state; the summary is still sampled in the rollout's session, so its tokens train with the rollout.
+    # state; the summary is still sampled in the rollout's session, so its tokens train with the rollout,
+    # and it is a step of its own sample (a side call), so the record shows what is trained.
     script, lookup = lookups_then_answer(5, result_chars=60)
     engine = ScriptedTokenEngine(tokenizer, script, context_length=700)
     agent = StrandsAgent(RLLMModel(engine), tools=[lookup], system_prompt=SYSTEM,
@@ -126,10 +127,11 @@ async def test_a_summary_that_strands_asks_the_model_for_is_a_sample_of_the_roll
 
     assert finished.end.reason.value == "finished"
     samples = agent.token_session.samples
-    summaries = [t for t in agent.trajectories if not t.steps]  # the summary call: a sample with no agent step
-    assert summaries and all("Summary: I looked keys up." in tokenizer.decode(
+    summaries = [t for t in agent.trajectories if all(s.info.get("side_call") for s in t.steps)]
+    assert summaries and all(len(t.steps) == 1 and "Summary: I looked keys up." in tokenizer.decode(
         [i for i, m in zip(t.token_trace.token_ids, t.token_trace.loss_mask, strict=True) if m]) for t in summaries)
-    check_samples(engine, [t for t in agent.trajectories if t.steps])
+    check_samples(engine, agent.trajectories)
+    assert finished.metrics["side_calls"] == len(summaries) and finished.metrics["turns"] == 6
     # Every call the engine served, the summary included, is sampled in exactly one sample of the rollout.
     assert sum(t.num_turns for t in samples) == len(engine.prompts) == 6 + len(summaries)
     assert len(finished.samples) == len(samples)
