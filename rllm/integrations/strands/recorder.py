@@ -30,6 +30,7 @@ from rllm.integrations.strands._format import format_messages, format_tools
 from rllm.integrations.strands._turns import TurnMark, take_back
 from rllm.integrations.strands.hooks import Budget, BudgetHook, ToolCallValidator, ToolFailureHook
 from rllm.integrations.strands.recording import (
+    TOKEN_SESSION_KEY,
     ModelCall,
     RunState,
     end_run,
@@ -109,8 +110,9 @@ class _StepRecorder(HookProvider):
 
     def _before_invocation(self, event: BeforeInvocationEvent) -> None:
         """Open the run: side calls on the agent's model go to its session and its steps until it ends."""
+        known = {TOKEN_SESSION_KEY: self.token_session} if self.token_session is not None else None
         run = RunState(agent=event.agent, receive_session=self._receive_token_session,
-                       receive_side_call=self._record_side_call)
+                       receive_side_call=self._record_side_call, model_state=known)  # until its first call
         self._runs.append(start_run(run))
 
     def _after_invocation(self, event: AfterInvocationEvent) -> None:
