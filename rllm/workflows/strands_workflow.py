@@ -28,11 +28,10 @@ from rllm.integrations.strands.rollout import (
     Built,
     FinishedRollout,
     build_agent,
-    record_built,
     refuse_other_models,
-    run_built,
     trajectory_metrics,
 )
+from rllm.integrations.strands.teams import record_built, run_built
 from rllm.rewards.base import RewardOutput, score_answer
 from rllm.tracing.store import TraceStore
 from rllm.types import Episode, TerminationReason

@@ -29,7 +29,7 @@ from rllm.errors import ConfigurationError, RolloutWithoutTokensError
 from rllm.integrations.strands.agent import StrandsAgent
 from rllm.integrations.strands.hooks import Budget
 from rllm.integrations.strands.model import RLLMModel
-from rllm.integrations.strands.recorder import RolloutRecorder, record
+from rllm.integrations.strands.recorder import RolloutRecorder
 from rllm.integrations.strands.termination import describe_failure, termination_reason_for
 from rllm.types import TerminationReason, Trajectory
 
@@ -312,115 +312,10 @@ def finished_rollout(end: RolloutEnd, error: BaseException | None, trajectories:
     )
 
 
-def record_team(team: MultiAgentBase, *, budget: Budget | None = None,
-                infra_exceptions: tuple[type[BaseException], ...] = ()) -> dict[str, RolloutRecorder]:
-    """A recorder on every node of a Strands ``Swarm`` or ``Graph``, its trajectories named by the node id.
-
-    A node that is a ``StrandsAgent`` keeps its own recorder; any other ``Agent`` gets one with
-    ``budget`` and ``infra_exceptions`` (per node). Nested teams and other executors are refused.
-    """
-    nodes = getattr(team, "nodes", None)
-    if not isinstance(nodes, dict) or not nodes:
-        raise TypeError(f"{type(team).__name__} has no nodes to record: a Strands Swarm or Graph is expected")
-    recorders: dict[str, RolloutRecorder] = {}
-    for node_id, node in nodes.items():
-        agent = node.executor
-        if not isinstance(agent, Agent):
-            raise TypeError(f"node {node_id!r} runs a {type(agent).__name__}; only Strands Agent nodes are recorded")
-        recorders[node_id] = record(agent, name=str(node_id), budget=budget, infra_exceptions=infra_exceptions)
-    return recorders
-
-
-def _runs(result: Any) -> list[str]:
-    """The nodes' runs, in order (Swarm's ``node_history``, Graph's ``execution_order``); a node may run twice."""
-    history = getattr(result, "node_history", None) or getattr(result, "execution_order", None) or []
-    return [node.node_id for node in history]
-
-
-def _node_order(result: Any, recorders: dict[str, RolloutRecorder]) -> list[str]:
-    """The nodes in the order they first ran, then any other node that recorded a step."""
-    order = list(dict.fromkeys(_runs(result)))
-    return order + [n for n in recorders if n not in order and any(t.steps for t in recorders[n].trajectories)]
-
-
-def read_team(result: Any, recorders: dict[str, RolloutRecorder], error: BaseException | None) -> RolloutEnd:
-    """How a team's run ended: a node's typed failure first, else the end of the last node run (the team's answer)."""
-    if error is not None:
-        return RolloutEnd(reason=termination_reason_for(error), failure=describe_failure(error), final_answer="")
-    order = _node_order(result, recorders)
-    for node_id in order:  # infrastructure or a configuration error in any node ends the team's episode
-        failures = recorders[node_id].tool_failures
-        if failures.reason is not None or failures.fatal is not None:
-            return read_rollout(recorders[node_id])
-    failed = [r for r in (getattr(result, "results", None) or {}).values() if isinstance(r.result, Exception)]
-    if failed:
-        first = failed[0].result
-        return RolloutEnd(reason=termination_reason_for(first), failure=describe_failure(first), final_answer="")
-    runs = _runs(result) or order
-    if not runs:
-        return RolloutEnd(reason=TerminationReason.ERROR, failure="no node of the team ran", final_answer="")
-    last = runs[-1]
-    node_result = (getattr(result, "results", None) or {}).get(last)
-    stop_reason = getattr(getattr(node_result, "result", None), "stop_reason", None)
-    return read_rollout(recorders[last], None, stop_reason)
-
-
-async def run_team_rollout(
-    team: MultiAgentBase, prompt: Any, *, recorders: dict[str, RolloutRecorder], timeout_s: float | None = None,
-    response_length: int | None = None,
-) -> FinishedRollout:
-    """Run a Strands ``Swarm`` or ``Graph`` on ``prompt`` as one episode, read as ``run_rollout`` reads an agent.
-
-    ``recorders`` come from ``record_team``. The trajectories are every node's (named by node id, one
-    per sample), in the order the nodes first ran; the end is a node's typed failure if one had any,
-    else the last node's, whose final answer is the team's; a tool's ``ConfigurationError`` is raised.
-    """
-    error: BaseException | None = None
-    result: Any = None
-    started = time.perf_counter()
-    try:
-        run = team.invoke_async(prompt)
-        result = await (run if timeout_s is None else asyncio.wait_for(run, timeout=timeout_s))
-        fatal = next((r.tool_failures.fatal for r in recorders.values() if r.tool_failures.fatal is not None), None)
-        if fatal is not None:
-            raise fatal
-    except Exception as caught:  # noqa: BLE001 - classified here; the consumer decides what to raise
-        error = caught
-    latency = time.perf_counter() - started
-    end = read_team(result, recorders, error)
-    order = _node_order(result, recorders) if result is not None else list(recorders)
-    trajectories = [t for node_id in order for t in recorders[node_id].trajectories if t.steps or t.token_trace]
-    finished = finished_rollout(end, error, trajectories, latency, response_length, agents=built_agents(team),
-                                token_sessions=[s for r in recorders.values() for s in r.token_sessions])
-    finished.metrics["nodes"] = float(len({t.name for t in trajectories}))
-    return finished
-
-
 Built = Agent | MultiAgentBase
 """What an agent factory returns: a Strands ``Agent``, or a ``Swarm`` or ``Graph`` of agents."""
 AgentFactory = Callable[[RLLMModel, dict[str, Any]], Built]
 """``agent_factory(model, task)``: what runs ``task``, built on ``model`` (the rollout's ``RLLMModel``)."""
-
-
-def record_built(built: Built, *, name: str | None = None, budget: Budget | None = None,
-                 infra_exceptions: tuple[type[BaseException], ...] = ()) -> dict[str, RolloutRecorder]:
-    """The recorders of what a factory built, by node id: one for an agent (under ``name``), one per node of a team."""
-    if isinstance(built, MultiAgentBase):
-        return record_team(built, budget=budget, infra_exceptions=infra_exceptions)
-    if not isinstance(built, Agent):
-        raise TypeError(f"an agent factory returned a {type(built).__name__}, not a Strands Agent, Swarm or Graph")
-    recorder = record(built, budget=budget, infra_exceptions=infra_exceptions)
-    return {name or str(built.name): recorder}
-
-
-async def run_built(built: Built, prompt: Any, recorders: dict[str, RolloutRecorder], *,
-                    timeout_s: float | None = None, response_length: int | None = None) -> FinishedRollout:
-    """``run_rollout`` for an agent, ``run_team_rollout`` for a team, with the recorders of ``record_built``."""
-    if isinstance(built, MultiAgentBase):
-        return await run_team_rollout(built, prompt, recorders=recorders, timeout_s=timeout_s,
-                                      response_length=response_length)
-    (recorder,) = recorders.values()
-    return await run_rollout(built, prompt, recorder=recorder, timeout_s=timeout_s, response_length=response_length)
 
 
 def built_agents(built: Built) -> list[Agent]:
@@ -453,3 +348,18 @@ def refuse_other_models(built: Built, model: Any, who: str, fix: str) -> None:
         if agent.model is not model:
             kind = type(agent.model).__name__
             raise ConfigurationError(f"{who} built agent {agent.name!r} on another model ({kind}); {fix}")
+
+
+_MOVED_TO_TEAMS = frozenset({"read_team", "record_built", "record_team", "run_built", "run_team_rollout"})
+
+
+def __getattr__(name: str) -> Any:
+    """The team runners' old home: they live in ``teams.py`` (which builds on this module) since issue 44.
+
+    Kept so that imports from here keep working until every caller imports from ``teams``.
+    """
+    if name in _MOVED_TO_TEAMS:
+        from rllm.integrations.strands import teams
+
+        return getattr(teams, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

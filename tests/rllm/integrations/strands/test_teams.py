@@ -15,7 +15,7 @@ from strands import Agent, tool
 from strands.multiagent import GraphBuilder, Swarm
 
 from rllm.integrations.strands import RLLMModel
-from rllm.integrations.strands.rollout import record_team, run_team_rollout
+from rllm.integrations.strands.teams import record_team, run_team_rollout
 from rllm.rewards.base import RewardOutput
 from rllm.testing.scripted_tokens import ScriptedTokenEngine
 from rllm.types import TerminationReason
