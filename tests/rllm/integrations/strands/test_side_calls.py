@@ -12,19 +12,39 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from strands import Agent
+from strands import Agent, tool
 from strands.agent.conversation_manager import SummarizingConversationManager
 from strands.hooks import AfterModelCallEvent, HookProvider, HookRegistry
+from strands.multiagent import GraphBuilder
 
 from rllm.engine.rollout.token_engine import TokenOutput, TokenSession
 from rllm.integrations.strands import RLLMModel, StrandsAgent, record
 from rllm.integrations.strands._turns import mark_turn, session_before, take_back
 from rllm.integrations.strands.rollout import FinishedRollout, finished_rollout, read_rollout, run_rollout
+from rllm.integrations.strands.teams import record_team, run_team_rollout
 from rllm.testing.scripted_tokens import ScriptedTokenEngine
 from rllm.types import Trajectory
-from tests.rllm.integrations.strands.test_samples import SYSTEM, lookups_then_answer
 
+SYSTEM = "Look things up, then answer with \\boxed{}."
 SUMMARY = "Summary: I looked keys up."
+
+
+def lookups_then_answer(lookups: int, result_chars: int = 5) -> tuple[Any, Any]:
+    """A policy that calls ``lookup`` ``lookups`` times (counting its own calls), then answers; and the tool."""
+    made: list[str] = []
+
+    def script(prompt: str) -> str:
+        if len(made) < lookups:
+            made.append(f"k{len(made)}")
+            return f'<tool_call>\n{{"name": "lookup", "arguments": {{"key": "{made[-1]}"}}}}\n</tool_call>'
+        return "\\boxed{done}"
+
+    @tool
+    def lookup(key: str) -> str:
+        """Look a key up."""
+        return f"value of {key}: " + " ".join(f"w{i}" for i in range(result_chars))
+
+    return script, lookup
 
 
 class _CountingEngine(ScriptedTokenEngine):
@@ -44,8 +64,8 @@ class _CountingEngine(ScriptedTokenEngine):
 def _summarizing(script: Any) -> Any:
     """The policy, answering a summary request (either of Strands' summary prompts) with ``SUMMARY``."""
     def answer(prompt: str) -> str:
-        last = prompt.rsplit("<|im_start|>", 3)
-        if "summarization assistant" in prompt or "Please summarize this conversation." in last[-1]:
+        last_user = prompt.rsplit("<|im_start|>user", 1)[-1]
+        if "summarization assistant" in prompt or "Please summarize this conversation." in last_user:
             return SUMMARY
         return script(prompt)
     return answer
@@ -214,3 +234,26 @@ def test_a_discarded_last_turn_is_taken_back_and_the_session_continues_before_it
     assert take_back(turn) is True
 
     assert session.trace.token_ids == [1, 2, 3] and session.messages == [{"role": "user", "content": "a"}]
+
+
+async def test_a_team_nodes_summaries_are_steps_of_that_node(tokenizer) -> None:
+    # A Graph runs each node in a task of its own: a node's side calls go to that node's run and record.
+    script, lookup = lookups_then_answer(8, result_chars=60)
+    engine = _CountingEngine(tokenizer, _summarizing(script))
+    model = RLLMModel(engine, context_window_limit=900)
+    researcher = Agent(name="researcher", model=model, tools=[lookup], system_prompt=SYSTEM, context_manager="auto",
+                       callback_handler=None)
+    writer = Agent(name="writer", model=model, system_prompt="Write the answer.", callback_handler=None)
+    builder = GraphBuilder()
+    builder.add_node(researcher, "researcher")
+    builder.add_node(writer, "writer")
+    builder.add_edge("researcher", "writer")
+    team = builder.build()
+
+    finished = await run_team_rollout(team, "Find k0 to k7.", recorders=record_team(team))
+
+    assert finished.end.reason.value == "finished"
+    check_record(finished.trajectories)
+    side = [(t.name, s) for t in finished.trajectories for s in t.steps if s.info.get("side_call")]
+    assert side and {name for name, _ in side} == {"researcher"} and finished.metrics["side_calls"] == len(side)
+    assert sorted(trained_tokens(finished)) == sorted(t for out in engine.outputs for t in out)
