@@ -39,7 +39,7 @@ from rllm.integrations.strands.rollout import (
     rollout_recorder,
     run_built,
 )
-from rllm.tracing.policy_server import PolicyServer
+from rllm.tracing.policy_server import CALL_HEADER, PolicyServer
 from rllm.tracing.session import session
 from rllm.tracing.trajectory import SessionTrajectory, trajectory_from_traces
 from rllm.types import Trajectory
@@ -105,23 +105,39 @@ async def run_served_rollout(
 
     The rollout opens a session on ``server`` served by ``engine`` (``params``: sampling under every
     call's own); its record is read from the server's traces, as from the proxy's store. A run that
-    raised ends on what the engine raised, when it raised something (the HTTP error the client saw
-    is its echo). The record's samples must be the engine's ``TokenSession`` samples, token for token
-    (``TokenTraceError`` otherwise: the traces do not say what was sampled). The record's
-    ``token_sessions`` is that session (a ``VerlSession`` carries verl's reports on its generations).
+    raised because of a failed call (the HTTP error the client saw names it in ``x-rllm-call``) ends on
+    what the engine raised for that very call; a failure the agent recovered from (an overflow Strands
+    reduced, a 503 the client retried) never decides how a later one ends. The record's samples must
+    be the engine's ``TokenSession`` samples, token for token (``TokenTraceError`` otherwise: the
+    traces do not say what was sampled). The record's ``token_sessions`` is that session (a
+    ``VerlSession`` carries verl's reports on its generations). The call's ``params`` are the
+    trainer's sampling: the sampling keys the client sends are ignored (``PolicyServer``).
     """
     recorder = rollout_recorder(agent, recorder, "run_served_rollout")
     session_id = f"rollout-{uuid.uuid4().hex}"
     with server.open(session_id, engine, params) as served:
         finished = await run_traced_rollout(agent, prompt, server, recorder=recorder, timeout_s=timeout_s,
                                             response_length=response_length, wait_s=0.0, session_id=session_id)
-    if finished.error is not None and served.error is not None and finished.error is not served.error:
+    if served.error is not None and finished.error is not served.error \
+            and _raised_by(finished.error, served.error_call):
         finished = dataclasses.replace(finished, end=read_rollout(recorder, served.error), error=served.error)
     _check_samples(finished, served.token_session, session_id)
     session = served.token_session
     return dataclasses.replace(finished, token_sessions=[session],
                                generation_seconds=float(getattr(session, "generate_seconds", 0.0)),
                                num_preempted=int(getattr(session, "num_preempted", -1)))
+
+
+def _raised_by(error: BaseException | None, call: str | None) -> bool:
+    """Whether ``error`` is, or was raised from, the HTTP answer to the failed ``call`` of the policy server."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        response = getattr(error, "response", None)
+        if call is not None and getattr(response, "headers", {}).get(CALL_HEADER) == call:
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def check_factory_built(built: Built, model: Model, *, own_client: bool, who: str, fix: str) -> bool:

@@ -20,7 +20,12 @@ from fixtures.strands_agents import SYSTEM
 from strands import Agent, ModelRetryStrategy, tool
 from strands.models.openai import OpenAIModel
 
-from rllm.errors import ConfigurationError, EngineThrottledError, EngineUnavailableError
+from rllm.errors import (
+    ConfigurationError,
+    ContextLengthExceededError,
+    EngineThrottledError,
+    EngineUnavailableError,
+)
 from rllm.integrations.strands import RLLMModel, record, run_served_rollout
 from rllm.integrations.strands.rollout import FinishedRollout, run_rollout
 from rllm.testing.chat_templates import FAMILIES
@@ -31,20 +36,21 @@ from rllm.types import TerminationReason
 QUESTION = "What is the capital of France?"
 
 
-def _script(messages: list[dict[str, Any]]) -> dict[str, Any]:
-    """Call ``step`` once, then answer."""
-    if not any(m.get("role") == "tool" for m in messages):
-        return {"content": "", "tool_calls": [{"id": "call_0", "type": "function",
-                                               "function": {"name": "step", "arguments": json.dumps({"n": 1})}}]}
+def _script(messages: list[dict[str, Any]], steps: int) -> dict[str, Any]:
+    """Call ``step`` ``steps`` times, one call a turn, then answer."""
+    done = sum(1 for m in messages if m.get("role") == "tool")
+    if done < steps:
+        return {"content": "", "tool_calls": [{"id": f"call_{done}", "type": "function",
+                                               "function": {"name": "step", "arguments": json.dumps({"n": done + 1})}}]}
     return {"content": "It is \\boxed{Paris}."}
 
 
 class _FailingAt(MessageScriptedEngine):
     """Raises ``errors[i]`` at its i-th ``_generate`` (``None``: samples), recording what each call was given."""
 
-    def __init__(self, errors: list[BaseException | None], **kwargs: Any) -> None:
+    def __init__(self, errors: list[BaseException | None], steps: int = 1, **kwargs: Any) -> None:
         family = FAMILIES["qwen3"]
-        super().__init__(family.tokenizer(), _script, tool_parser=family.tool_parser,
+        super().__init__(family.tokenizer(), lambda m: _script(m, steps), tool_parser=family.tool_parser,
                          chat_template_kwargs=family.chat_template_kwargs, **kwargs)
         self.errors = list(errors)
         self.calls = 0
@@ -60,14 +66,16 @@ class _FailingAt(MessageScriptedEngine):
 
 
 def _step_tool(action: str = "answer") -> Any:
+    """The ``step`` tool; its second step sleeps past any rollout timeout, or raises a ``ConfigurationError``."""
+
     @tool
     async def step(n: int) -> str:
         """Take step n."""
-        if action == "sleep":
+        if action == "sleep" and n == 2:
             await asyncio.sleep(30)
-        if action == "misconfigured":
+        if action == "misconfigured" and n == 2:
             raise ConfigurationError("the step tool has no backend configured")
-        return f"step {n} done"
+        return f"step {n} done: " + " ".join(f"w{i}" for i in range(300))  # long: an overflow truncates it
 
     return step
 
@@ -114,3 +122,23 @@ async def test_a_503_retried_by_the_openai_client_continues_the_sample_it_retrie
     (session,) = finished.token_sessions
     assert len(finished.samples) == 1 and finished.samples == [t.to_verl(None) for t in session.samples]
     assert (session.calls, session.rewritten_calls) == (2, 0)
+
+
+@pytest.mark.parametrize(("action", "reason"), [("sleep", TerminationReason.TIMEOUT),
+                                                ("misconfigured", TerminationReason.ERROR)])
+async def test_a_recovered_overflow_never_decides_how_a_later_failure_ends(
+        server: PolicyServer, action: str, reason: TerminationReason) -> None:
+    # The second call overflows once; Strands' default SlidingWindowConversationManager reduces the history and
+    # the retry calls step 2, which then sleeps past the rollout's timeout or raises a ConfigurationError.
+    def engine() -> _FailingAt:
+        return _FailingAt([None, ContextLengthExceededError("the prompt fills the context")], steps=2)
+
+    on_model = await _on_rllm_model(engine(), action, timeout_s=3.0)
+    own = await _on_own_client(server, engine(), action, timeout_s=3.0)
+
+    assert (own.end.reason, on_model.end.reason) == (reason, reason), (own.end, own.error, on_model.end)
+    assert type(own.error) is type(on_model.error)
+    if reason is TerminationReason.ERROR:
+        for finished in (own, on_model):
+            with pytest.raises(ConfigurationError, match="the step tool has no backend configured"):
+                finished.raise_if_unexpected()  # what training does: the run stops with its cause
