@@ -121,6 +121,20 @@ class _BodyLate(Exception):
     pass
 
 
+async def _drain(receive: Receive, deadline: float) -> None:
+    """Discard the rest of a refused body as it arrives, up to ``_DRAIN_BYTES`` and the deadline."""
+    drained = 0
+    try:
+        async with asyncio.timeout_at(deadline):
+            while drained <= _DRAIN_BYTES:
+                message = await receive()
+                drained += len(message.get("body", b""))
+                if message["type"] != "http.request" or not message.get("more_body", False):
+                    return
+    except TimeoutError:
+        return
+
+
 async def read_body(request: Any, limit: BodyLimit) -> bytes | JSONResponse:
     """The request's body, or the 413 or 408 its reading ended with (``BodyLimit`` counts it as it arrives)."""
     try:
@@ -131,12 +145,19 @@ async def read_body(request: Any, limit: BodyLimit) -> bytes | JSONResponse:
         return limit.late()
 
 
-class BodyLimit:
-    """ASGI wrapper: a request body over ``max_bytes`` is a 413 before it is read in full, a late one a 408.
+_DRAIN_BYTES = 256 * 1024 * 1024
+"""Most bytes of a refused body discarded so its client reads the 413 (past it the connection is reset)."""
 
-    A declared ``content-length`` over the limit is refused before any byte is read; a chunked body
-    is counted while it arrives and refused at the first chunk past the limit. The body must arrive
-    within ``timeout_s`` of the request's head.
+
+class BodyLimit:
+    """ASGI wrapper: a request body over ``max_bytes`` is a 413 before it is parsed or kept, a late one a 408.
+
+    A declared ``content-length`` over the limit is refused before any of it is kept; a chunked body
+    is counted while it arrives and refused at the first chunk past the limit. What the client still
+    sends of a refused body is discarded as it arrives (up to ``_DRAIN_BYTES``, within the deadline),
+    never stored: a server that closed on it would reset the connection, and the client would take
+    the reset for infrastructure and retry instead of reading the 413. The body must arrive within
+    ``timeout_s`` of the request's head.
     """
 
     def __init__(self, app: Any, *, max_bytes: int, timeout_s: float) -> None:
@@ -153,11 +174,12 @@ class BodyLimit:
             if not declared.isdigit():
                 await error_response(400, "the content-length header is not a number")(scope, receive, send)
                 return
-            if int(declared) > self.max_bytes:
-                await self.too_large(f"is {int(declared)} bytes")(scope, receive, send)
-                return
         seen, done, started = 0, False, False
         deadline = asyncio.get_running_loop().time() + self.timeout_s
+        if declared is not None and int(declared) > self.max_bytes:
+            await _drain(receive, deadline)
+            await self.too_large(f"is {int(declared)} bytes")(scope, receive, send)
+            return
 
         async def bounded_receive() -> Message:
             nonlocal seen, done
@@ -169,9 +191,11 @@ class BodyLimit:
             except TimeoutError:
                 raise _BodyLate from None
             seen += len(message.get("body", b""))
-            if seen > self.max_bytes:
-                raise _BodyTooLarge
             done = message["type"] != "http.request" or not message.get("more_body", False)
+            if seen > self.max_bytes:
+                if not done:
+                    await _drain(receive, deadline)
+                raise _BodyTooLarge
             return message
 
         async def tracked_send(message: Message) -> None:
