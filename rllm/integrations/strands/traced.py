@@ -26,7 +26,7 @@ from strands import Agent
 from strands.models.model import Model
 
 from rllm.engine.rollout.token_engine import TokenEngine, TokenSession
-from rllm.errors import ConfigurationError, StoreWriteError, TokenTraceError
+from rllm.errors import ConfigurationError, GenerationAbortedError, StoreWriteError, TokenTraceError
 from rllm.integrations.strands._cancel import CANCELLED
 from rllm.integrations.strands.recorder import RolloutRecorder
 from rllm.integrations.strands.rollout import (
@@ -42,7 +42,7 @@ from rllm.integrations.strands.rollout import (
 from rllm.tracing.policy_server import CALL_HEADER, PolicyServer
 from rllm.tracing.session import session
 from rllm.tracing.trajectory import SessionTrajectory, trajectory_from_traces
-from rllm.types import Trajectory
+from rllm.types import TerminationReason, Trajectory
 
 logger = logging.getLogger(__name__)
 
@@ -69,14 +69,17 @@ async def run_traced_rollout(
     None of the agent's calls in the store is a ``ConfigurationError`` (its model is not on a
     traced client); some missing is a ``StoreWriteError`` (infrastructure). ``recorder``,
     ``timeout_s`` and ``response_length`` are ``run_rollout``'s; ``session_id`` names the session
-    (fresh and random by default).
+    (fresh and random by default). A call the backend cut (a stored finish reason ``abort``) ends
+    the rollout as ``GenerationAbortedError`` (infrastructure: unscored, no final answer), whatever
+    the client made of it, unless the run ended on an error that is neither policy nor infrastructure.
     """
     recorder = rollout_recorder(agent, recorder, "run_traced_rollout")
     before = _model_calls(recorder)
     async with session(session_id=session_id) as ctx:
         end, error, latency = await invoke_agent(agent, prompt, recorder, timeout_s)
     calls = _model_calls(recorder) - before
-    rebuilt = trajectory_from_traces(await _traces(store, ctx.id, calls, wait_s), name=recorder.steps.name)
+    traces = await _traces(store, ctx.id, calls, wait_s)
+    rebuilt = trajectory_from_traces(traces, name=recorder.steps.name)
     stored = len(rebuilt.trajectory.steps)
     if stored < calls:
         if stored == 0:
@@ -88,8 +91,26 @@ async def run_traced_rollout(
             error = StoreWriteError(f"only {stored} of the agent's {calls} model calls reached the trace store "
                                     f"{store.path} (session {ctx.id}) within {wait_s} s")
         end = read_rollout(recorder, error)
+    cut = _cut_call(traces)
+    if cut is not None and end.reason is not TerminationReason.ERROR:  # a bug or misconfiguration stays the cause
+        error = GenerationAbortedError(
+            f"the backend cut call {cut} of session {ctx.id} (finish reason 'abort'); the client took the cut text "
+            "for an answer, so the rollout is neither scored nor trained", url=str(store.path), cause="abort")
+        end = read_rollout(recorder, error)
     trajectories = _samples(rebuilt, recorder, ctx.id)
     return finished_rollout(end, error, trajectories, latency, response_length, agents=[agent])
+
+
+def _cut_call(traces: list[dict[str, Any]]) -> int | None:
+    """The ``seq`` of the first answered call the backend cut (finish reason ``abort``), or ``None``.
+
+    Strands' streaming ``OpenAIModel`` maps ``abort`` to ``end_turn``: only the stored trace says it.
+    """
+    for trace in traces:
+        response = trace.get("response") or {}
+        if response.get("finish_reason") == "abort":
+            return int(trace.get("seq", -1))
+    return None
 
 
 def _model_calls(recorder: RolloutRecorder) -> int:
