@@ -124,15 +124,19 @@ class _BodyLate(Exception):
 async def _drain(receive: Receive, deadline: float) -> None:
     """Discard the rest of a refused body as it arrives, up to ``_DRAIN_BYTES`` and the deadline."""
     drained = 0
-    try:
-        async with asyncio.timeout_at(deadline):
-            while drained <= _DRAIN_BYTES:
-                message = await receive()
-                drained += len(message.get("body", b""))
-                if message["type"] != "http.request" or not message.get("more_body", False):
-                    return
-    except TimeoutError:
-        return
+    while drained <= _DRAIN_BYTES:
+        try:
+            message = await _before(receive(), deadline)
+        except asyncio.TimeoutError:
+            return
+        drained += len(message.get("body", b""))
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            return
+
+
+async def _before(waited: Awaitable[Message], deadline: float) -> Message:
+    """``waited``, or ``asyncio.TimeoutError`` at the loop time ``deadline`` (``asyncio.timeout_at`` needs 3.11)."""
+    return await asyncio.wait_for(waited, max(0.0, deadline - asyncio.get_running_loop().time()))
 
 
 async def read_body(request: Any, limit: BodyLimit) -> bytes | JSONResponse:
@@ -186,9 +190,8 @@ class BodyLimit:
             if done:  # after the body only a disconnect comes: no deadline for it
                 return await receive()
             try:
-                async with asyncio.timeout_at(deadline):
-                    message = await receive()
-            except TimeoutError:
+                message = await _before(receive(), deadline)
+            except asyncio.TimeoutError:
                 raise _BodyLate from None
             seen += len(message.get("body", b""))
             done = message["type"] != "http.request" or not message.get("more_body", False)

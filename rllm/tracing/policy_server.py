@@ -317,12 +317,14 @@ class PolicyServer:
         tools = body.tools or None
         started = time.time()
         seq = next(served._seq)
+        async def call() -> ModelOutput:
+            async with served._lock:  # one call at a time extends a session's tokens
+                return await served.engine.get_model_response(messages, tools, session=served.token_session,
+                                                              **sampling)
+
         try:
-            async with asyncio.timeout(self.request_timeout_s), served._lock:  # one call at a time per session
-                output = await served.engine.get_model_response(messages, tools, session=served.token_session,
-                                                                **sampling)
-            raw = _completion(output, self.model, served.engine)
-        except TimeoutError:  # the engine call was cancelled, so its session is unwound
+            raw = _completion(await asyncio.wait_for(call(), self.request_timeout_s), self.model, served.engine)
+        except asyncio.TimeoutError:  # the engine call was cancelled, so its session is unwound
             return self._failed(served, session_id, seq, EngineUnavailableError(
                 f"the engine did not answer within {self.request_timeout_s:g} s (request_timeout_s)",
                 url=self.base_url, cause="timeout"), 504)
