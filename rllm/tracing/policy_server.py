@@ -14,14 +14,17 @@ The agent's factory finds the server in its process's environment (``policy_endp
 answered as OpenAI-compatible servers answer them, so the client raises what Strands expects: a
 prompt that fills the context is a 400 ``context_length_exceeded`` (Strands reduces the history), a
 throttled engine a 429, an engine that failed a 503 (infrastructure); anything else a 400 naming the
-error. The session keeps the engine's own exception, so a run that raised ends on it, typed as under
-``RLLMModel`` (a used-up response budget is ``MAX_TOKENS``, not an HTTP error).
+error. The session keeps the engine's own exception of its latest call (a later call that succeeds
+clears it), and every error answer names its call (``x-rllm-call``), so a run that raised because of
+that very call ends on the engine's exception, typed as under ``RLLMModel`` (a used-up response
+budget is ``MAX_TOKENS``, not an HTTP error); a recovered failure never decides how a later one ends.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import itertools
 import json
 import logging
@@ -37,10 +40,12 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
 
 from rllm.engine.rollout.base import ContextLengthExceededError, EngineThrottledError
 from rllm.engine.rollout.token_engine import TokenEngine, TokenSession
-from rllm.errors import ConfigurationError, InfrastructureError
+from rllm.errors import ConfigurationError, EngineUnavailableError, InfrastructureError, ServerStartError
+from rllm.tracing.policy_request import BodyLimit, ChatRequest, error_response, explain, read_body
 from rllm.tracing.records import make_trace
 from rllm.tracing.session import SESSION_HEADER
 from rllm.types import ModelOutput
@@ -53,10 +58,8 @@ API_KEY_ENV = "RLLM_POLICY_API_KEY"
 """The bearer token the server accepts."""
 MODEL_ENV = "RLLM_POLICY_MODEL"
 """The model name the server answers to."""
-
-_IGNORED = frozenset({"model", "messages", "tools", "stream", "stream_options", "n", "logprobs", "top_logprobs",
-                      "return_token_ids", "user", "metadata", "store", "parallel_tool_calls"})
-"""Request keys that are not passed to the engine as sampling (logprobs are the engine's own setting)."""
+CALL_HEADER = "x-rllm-call"
+"""Response header of an error answer: the failed call (``<session>:<seq>``), as ``ServedSession.error_call``."""
 
 
 @dataclass(frozen=True)
@@ -90,14 +93,15 @@ def policy_endpoint() -> PolicyEndpoint:
 
 @dataclass
 class ServedSession:
-    """One rollout open on the server: its engine, token state, traces and the first error it answered.
+    """One rollout open on the server: its engine, token state, traces and the error of its latest call.
 
     Attributes:
         engine: The rollout's token engine.
         token_session: Its samples, as under ``RLLMModel`` (``token_session.samples``).
         params: Sampling sent on every call under the request's own (``max_tokens`` caps the request's).
         traces: The calls, recorded as the tracing proxy records them.
-        error: The last error a call raised (answered 400, 429 or 503): what ended the run, when it raised.
+        error: What the latest call raised (answered 400, 429, 503 or 504); ``None`` once a later call succeeds.
+        error_call: That call, as its error answer's ``x-rllm-call`` header names it.
     """
 
     engine: TokenEngine
@@ -105,6 +109,7 @@ class ServedSession:
     params: dict[str, Any] = field(default_factory=dict)
     traces: list[dict[str, Any]] = field(default_factory=list)
     error: BaseException | None = None
+    error_call: str | None = None
     _seq: Iterator[int] = field(default_factory=itertools.count)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -113,19 +118,41 @@ class PolicyServer:
     """An OpenAI-compatible ``/v1/chat/completions`` over the rollouts' token engines, on 127.0.0.1.
 
     Serve it in the event loop the rollouts run in (``start``), so calls reach their engines there.
+    It holds as the retrieval server does: a malformed field is a 400 naming it, a body over
+    ``max_body_bytes`` a 413 before it is read in full (408 when it does not arrive within
+    ``body_timeout_s``), a call past ``max_in_flight`` calls in flight a 503 with ``Retry-After``, and
+    an engine call past ``request_timeout_s`` is cancelled (its session unwound) and answered 504: the
+    last three are infrastructure, which the client retries and the rollout, if they persist, ends on.
 
     Args:
         model: The model name it answers to (clients send it as ``model``).
+        max_body_bytes: Largest request body.
+        max_in_flight: Most chat calls served at once, over all sessions.
+        request_timeout_s: Longest an engine call may take (``None``: unbounded).
+        body_timeout_s: Longest a request's body may take to arrive.
+        retry_after_s: Seconds sent in ``Retry-After`` with a 503.
     """
 
-    def __init__(self, model: str = "policy") -> None:
+    def __init__(self, model: str = "policy", *, max_body_bytes: int = 8 * 1024 * 1024, max_in_flight: int = 1024,
+                 request_timeout_s: float | None = 900.0, body_timeout_s: float = 30.0,
+                 retry_after_s: int = 1) -> None:
+        if max_body_bytes < 1 or max_in_flight < 1:
+            raise ValueError("max_body_bytes and max_in_flight must be at least 1")
         self.model = model
         self.api_key = secrets.token_urlsafe(24)
         self.port: int | None = None
+        self.max_body_bytes = max_body_bytes
+        self.max_in_flight = max_in_flight
+        self.request_timeout_s = request_timeout_s
+        self.body_timeout_s = body_timeout_s
+        self.retry_after_s = retry_after_s
+        self.ignored_sampling: set[str] = set()
+        self._in_flight = 0
         self._sessions: dict[str, ServedSession] = {}
         self._server: uvicorn.Server | None = None
         self._task: asyncio.Task[None] | None = None
-        self._ready: asyncio.Event | None = None
+        self._ready: asyncio.Future[None] | None = None
+        self._limit = BodyLimit(None, max_bytes=max_body_bytes, timeout_s=body_timeout_s)
 
     @property
     def base_url(self) -> str:
@@ -146,27 +173,45 @@ class PolicyServer:
         os.environ.update({BASE_URL_ENV: self.base_url, API_KEY_ENV: self.api_key, MODEL_ENV: self.model})
 
     async def start(self) -> PolicyServer:
-        """Serve on a free port in the running event loop; return once it accepts requests (again: at once)."""
+        """Serve on a free port in the running event loop; return once it accepts requests (again: at once).
+
+        A start that fails raises ``ServerStartError`` here and in every task awaiting the same start;
+        a later ``start`` tries again.
+        """
         if self._ready is not None:  # started, or starting in another task of this loop
-            await self._ready.wait()
+            await asyncio.shield(self._ready)
             return self
-        self._ready = asyncio.Event()
+        ready = self._ready = asyncio.get_running_loop().create_future()
+        try:
+            await self._serve()
+        except BaseException as error:
+            failed = error if isinstance(error, ServerStartError) else ServerStartError(
+                f"the policy server did not start: {type(error).__name__}: {error}")
+            ready.set_exception(failed)
+            ready.exception()  # retrieved here: waiters, if any, raise it too
+            self._ready, self._server, self._task, self.port = None, None, None, None
+            if failed is error:
+                raise
+            raise failed from error
+        ready.set_result(None)
+        logger.info("policy server for agents on their own client at %s", self.base_url)
+        return self
+
+    async def _serve(self) -> None:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
-        config = uvicorn.Config(self._app(), host="127.0.0.1", port=self.port, log_level="warning",
+        self._limit.app = self._app()
+        config = uvicorn.Config(self._limit, host="127.0.0.1", port=self.port, log_level="warning",
                                 access_log=False, lifespan="off")
         self._server = _Server(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name=f"policy-server-{self.port}")
         while not self._server.started:
             if self._task.done():
                 self._task.result()
-                raise RuntimeError("PolicyServer stopped while starting")
+                raise ServerStartError("the policy server stopped while starting")
             await asyncio.sleep(0.005)
-        self._ready.set()
-        logger.info("policy server for agents on their own client at %s", self.base_url)
-        return self
 
     async def stop(self) -> None:
         """Stop serving (requests in flight finish)."""
@@ -207,64 +252,108 @@ class PolicyServer:
         async def chat(request: Request) -> Response:
             if (denied := self._denied(request)) is not None:
                 return denied
-            try:
-                body = await request.json()
-            except ValueError:
-                return _error(400, "the request body is not JSON")
-            if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
-                return _error(400, "a chat completion request needs a 'messages' list")
-            if body.get("model") != self.model:
-                return _error(404, f"model {body.get('model')!r} is not served here; this server serves "
-                                   f"{self.model!r} ({MODEL_ENV})", code="model_not_found")
-            if int(body.get("n") or 1) != 1:
-                return _error(400, "n must be 1: a rollout samples one answer per call")
-            session_id = request.headers.get(SESSION_HEADER, "")
-            served = self._sessions.get(session_id)
-            if served is None:
-                return _error(400, f"no rollout session {session_id!r} is open on this policy server: call it with "
-                                   "rllm.tracing.get_chat_client_async inside the trainer's rollout")
-            return await self._complete(served, session_id, body)
+            return await self._chat(request)
 
         return app
 
     def _denied(self, request: Request) -> Response | None:
-        if request.headers.get("authorization", "") != f"Bearer {self.api_key}":
+        given = request.headers.get("authorization", "").encode()
+        if not hmac.compare_digest(given, f"Bearer {self.api_key}".encode()):
             return _error(401, "wrong or missing API key (RLLM_POLICY_API_KEY)", code="invalid_api_key")
         return None
 
-    async def _complete(self, served: ServedSession, session_id: str, body: dict[str, Any]) -> Response:
-        sampling = {k: v for k, v in body.items() if k not in _IGNORED and v is not None}
-        if "max_completion_tokens" in sampling:
-            sampling.setdefault("max_tokens", sampling.pop("max_completion_tokens"))
-        caps = [int(v) for v in (served.params.get("max_tokens"), sampling.get("max_tokens")) if v is not None]
-        sampling = {**served.params, **sampling}
+    async def _chat(self, request: Request) -> Response:
+        """Read and validate the body, find its session, and serve it within the server's bounds."""
+        raw = await read_body(request, self._limit)
+        if isinstance(raw, Response):
+            return raw
+        try:
+            sent = json.loads(raw)
+            body = ChatRequest.model_validate(sent)
+        except ValueError as error:  # not JSON, or a field of the wrong type or value
+            message = explain(error) if isinstance(error, ValidationError) else f"the request body is not JSON: {error}"
+            return _error(400, message, code="invalid_request")
+        if body.model != self.model:
+            return _error(404, f"model {body.model!r} is not served here; this server serves "
+                               f"{self.model!r} ({MODEL_ENV})", code="model_not_found")
+        if (why := body.unservable()) is not None:
+            return _error(400, why, code="unsupported_parameter")
+        session_id = request.headers.get(SESSION_HEADER, "")
+        served = self._sessions.get(session_id)
+        if served is None:
+            return _error(400, f"no rollout session {session_id!r} is open on this policy server: call it with "
+                               "rllm.tracing.get_chat_client_async inside the trainer's rollout")
+        self._warn_ignored(body.owned_by_trainer(sent))
+        if self._in_flight >= self.max_in_flight:
+            return self._failed(served, session_id, None, EngineUnavailableError(
+                f"the policy server holds {self._in_flight} calls, its limit (max_in_flight)", url=self.base_url,
+                cause="overloaded"), 503, {"Retry-After": str(self.retry_after_s)})
+        self._in_flight += 1
+        try:
+            return await self._complete(served, session_id, sent, body)
+        finally:
+            self._in_flight -= 1
+
+    def _warn_ignored(self, keys: list[str]) -> None:
+        """One warning per server for the sampling keys clients sent that the trainer owns."""
+        new = set(keys) - self.ignored_sampling
+        if not new:
+            return
+        first = not self.ignored_sampling
+        self.ignored_sampling |= new
+        if first:
+            logger.warning(
+                "the policy server ignores the sampling its clients send (%s): the trainer samples, and rollout "
+                "log-probs must come from the distribution the actor scores; your factory's params stay as they are "
+                "for evaluation (this warning is given once)", ", ".join(sorted(new)))
+
+    async def _complete(self, served: ServedSession, session_id: str, sent: dict[str, Any],
+                        body: ChatRequest) -> Response:
+        caps = [int(v) for v in (served.params.get("max_tokens"), body.cap()) if v is not None]
+        sampling = dict(served.params)
         if caps:
             sampling["max_tokens"] = min(caps)
-        tools = body.get("tools") or None
+        messages = sent["messages"]  # as sent (validated): the session compares and renders what the client wrote
+        tools = body.tools or None
         started = time.time()
-        async with served._lock:  # one call at a time extends a session's tokens
-            seq = next(served._seq)
-            try:
-                output = await served.engine.get_model_response(body["messages"], tools,
-                                                                session=served.token_session, **sampling)
-                raw = _completion(output, self.model, served.engine)
-            except ContextLengthExceededError as error:  # Strands may reduce the history and call again
-                served.error = error
-                return _error(400, f"maximum context length exceeded: {error}", code="context_length_exceeded")
-            except Exception as error:  # noqa: BLE001 - answered (a bug as a 400, never a 5xx the client would
-                served.error = error  # take for infrastructure), and kept for the rollout to raise typed
-                status = 429 if isinstance(error, EngineThrottledError) else \
-                    503 if isinstance(error, InfrastructureError) else 400
-                logger.debug("session %s: call %d failed: %s", session_id, seq, error)
-                return _error(status, f"{type(error).__name__}: {error}", code=type(error).__name__)
-            served.traces.append(make_trace(
-                session_id=session_id, seq=seq, no_session=False, model=self.model, backend="rllm-policy-server",
-                params=body, stream=bool(body.get("stream")), started_at=started,
-                raw_response=raw))
-        if not body.get("stream"):
+        seq = next(served._seq)
+        async def call() -> ModelOutput:
+            async with served._lock:  # one call at a time extends a session's tokens
+                return await served.engine.get_model_response(messages, tools, session=served.token_session,
+                                                              **sampling)
+
+        try:
+            raw = _completion(await asyncio.wait_for(call(), self.request_timeout_s), self.model, served.engine)
+        except asyncio.TimeoutError:  # the engine call was cancelled, so its session is unwound
+            return self._failed(served, session_id, seq, EngineUnavailableError(
+                f"the engine did not answer within {self.request_timeout_s:g} s (request_timeout_s)",
+                url=self.base_url, cause="timeout"), 504)
+        except ContextLengthExceededError as error:  # Strands may reduce the history and call again
+            return self._failed(served, session_id, seq, error, 400, message=f"maximum context length exceeded: "
+                                f"{error}", code="context_length_exceeded")
+        except Exception as error:  # noqa: BLE001 - answered (a bug as a 400, never a 5xx the client would
+            status = 429 if isinstance(error, EngineThrottledError) else \
+                503 if isinstance(error, InfrastructureError) else 400  # take for infrastructure), kept typed
+            return self._failed(served, session_id, seq, error, status)
+        served.error, served.error_call = None, None
+        served.traces.append(make_trace(
+            session_id=session_id, seq=seq, no_session=False, model=self.model, backend="rllm-policy-server",
+            params=sent, stream=bool(body.stream), started_at=started, raw_response=raw))
+        if not body.stream:
             return JSONResponse(raw)
-        usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        usage = bool(body.stream_options is not None and body.stream_options.include_usage)
         return StreamingResponse(_sse(raw, usage), media_type="text/event-stream")
+
+    @staticmethod
+    def _failed(served: ServedSession, session_id: str, seq: int | None, error: BaseException, status: int,
+                headers: dict[str, str] | None = None, *, message: str | None = None,
+                code: str | None = None) -> Response:
+        """Keep ``error`` as the session's latest and answer it, naming the call in ``x-rllm-call``."""
+        call = f"{session_id}:{seq if seq is not None else 'refused'}"
+        served.error, served.error_call = error, call
+        logger.debug("session %s: call %s failed: %s", session_id, call, error)
+        return _error(status, message or f"{type(error).__name__}: {error}", code=code or type(error).__name__,
+                      headers={**(headers or {}), CALL_HEADER: call})
 
 
 class _Server(uvicorn.Server):
@@ -275,9 +364,7 @@ class _Server(uvicorn.Server):
         yield
 
 
-def _error(status: int, message: str, *, code: str | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": "invalid_request_error" if status < 500 else
-                                   "server_error", "code": code}}, status_code=status)
+_error = error_response
 
 
 def _completion(output: ModelOutput, model: str, engine: TokenEngine) -> dict[str, Any]:

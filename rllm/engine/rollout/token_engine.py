@@ -5,8 +5,10 @@ ids, appends the sampled ids and their logprobs to the rollout's ``TokenTrace`` 
 calls out of the sampled text with a strict parser. Backends (SGLang, vLLM, local transformers,
 verl) only implement ``_generate``. Per-rollout state lives in a ``TokenSession`` that the caller
 keeps (``RLLMModel`` keeps one per agent), so one engine serves any number of rollouts. A call
-that is cancelled while it samples leaves the session as it found it, the first prompt excepted:
-nothing it sampled reaches the trace, and the next call continues from the last sampled turn.
+that fails for any reason (cancelled, an engine error, a throttle) leaves the session as it found it,
+the first prompt excepted: nothing it sampled reaches the trace, and the next call continues from
+the last sampled turn. So a retry of the same messages (the OpenAI client's retry of a 503,
+Strands' retry of a throttle) continues the sample it retried instead of starting a new one.
 
 A rollout is one or more *samples*. While every call's messages are the previous call's plus the
 model's answer plus what was appended (tool results, a user turn), the prompt grows by the rendered
@@ -25,7 +27,6 @@ runs, and leaves the session as a cancelled call does (the cut tokens never reac
 from __future__ import annotations
 
 import abc
-import asyncio
 import copy
 import logging
 import time
@@ -57,7 +58,9 @@ class TokenSession:
     """One rollout's token state: its samples, the messages and tools the current one covers, its tool-call ids.
 
     ``trace`` is the current sample, the last of ``samples``; a rewritten history starts a new one.
-    ``generate_seconds`` is the wall time its backend spent generating.
+    ``generate_seconds`` is the wall time its backend spent generating. ``calls`` counts the calls that
+    extended the session (an unwound call is no call); ``rewritten_calls`` those of them whose history
+    was not an append of the previous call's and so started a new sample.
     Copying returns the same object: Strands deep-copies per-agent model state around every call,
     and the session must stay one object for the whole rollout.
     """
@@ -69,6 +72,8 @@ class TokenSession:
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     samples: list[TokenTrace] = field(default_factory=list)
     generate_seconds: float = 0.0
+    calls: int = 0
+    rewritten_calls: int = 0
 
     def __post_init__(self) -> None:
         if not self.samples:
@@ -87,6 +92,18 @@ class TokenSession:
 
     def __copy__(self) -> TokenSession:
         return self
+
+
+@dataclass(frozen=True)
+class _Mark:
+    """Where a session stood before a call: what ``TokenEngine._unwind`` restores when the call fails."""
+
+    samples: int
+    segments: int
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    calls: int
+    rewritten_calls: int
 
 
 class TokenEngine(abc.ABC):
@@ -145,16 +162,18 @@ class TokenEngine(abc.ABC):
     ) -> ModelOutput:
         """Extend the session's trace with ``messages``, sample, and parse the answer.
 
-        Raises ``GenerationAbortedError`` (infrastructure) when the backend cut the generation.
+        Raises ``GenerationAbortedError`` (infrastructure) when the backend cut the generation. A call
+        that raises, whatever the cause, leaves the session as it found it (``_unwind``).
         """
         session = session if session is not None else self.new_session()
-        before = (len(session.samples), len(session.trace.segments), session.messages, session.tools)
+        before = _Mark(len(session.samples), len(session.trace.segments), session.messages, session.tools,
+                       session.calls, session.rewritten_calls)
         self._extend_prompt(session, messages, tools)
         trace = session.trace
         params, _ = select_sampling_params({**self.default_sampling, **sampling})
         room = self.context_length - len(trace)
         if room <= 0:
-            self._unwind(session, *before)  # nothing was sampled: the caller may reduce the history and retry
+            self._unwind(session, before)  # nothing was sampled: the caller may reduce the history and retry
             raise ContextLengthExceededError(
                 f"prompt of {len(trace)} tokens fills the {self.context_length}-token context"
             )
@@ -164,13 +183,13 @@ class TokenEngine(abc.ABC):
         started = time.perf_counter()
         try:
             output = await self._generate(prompt_ids, max_new, params, session)
-        except asyncio.CancelledError:
-            self._unwind(session, *before)
+        except BaseException:  # cancelled, or any engine error: a retry continues from where this call started
+            self._unwind(session, before)
             raise
         finally:
             session.generate_seconds += time.perf_counter() - started
         if output.finish_reason == "abort":
-            self._unwind(session, *before)
+            self._unwind(session, before)
             raise GenerationAbortedError(
                 f"{type(self).__name__}: the backend aborted the generation of rollout {session.request_id} after "
                 f"{len(output.token_ids)} tokens; the cut text is not parsed, run or trained",
@@ -196,18 +215,19 @@ class TokenEngine(abc.ABC):
         )
 
     @staticmethod
-    def _unwind(session: TokenSession, samples: int, segments: int, messages: list[dict[str, Any]],
-                tools: list[dict[str, Any]] | None) -> None:
-        """Undo the prompt extension of a call that sampled nothing (cancelled, aborted, overflowing).
+    def _unwind(session: TokenSession, mark: _Mark) -> None:
+        """Undo the prompt extension of a call that sampled nothing (failed, cancelled, aborted, overflowing).
 
-        A sample the call started is removed again; a first prompt stays (the trace keeps its prompt).
+        A sample the call started is removed again, and the call is not counted; a first prompt stays
+        (the trace keeps its prompt).
         """
-        if len(session.samples) > samples:
-            del session.samples[samples:]
+        if len(session.samples) > mark.samples:
+            del session.samples[mark.samples:]
             session.trace = session.samples[-1]
-        if segments:
-            session.trace.truncate(segments)
-            session.messages, session.tools = messages, tools
+        session.calls, session.rewritten_calls = mark.calls, mark.rewritten_calls
+        if mark.segments:
+            session.trace.truncate(mark.segments)
+            session.messages, session.tools = mark.messages, mark.tools
 
     def _extend_prompt(
         self, session: TokenSession, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
@@ -223,6 +243,8 @@ class TokenEngine(abc.ABC):
             logger.debug("rollout %s: the history was rewritten (%d messages, then %d): sample %d starts here",
                          session.request_id, len(previous), len(messages), len(session.samples))
             trace = session.start_sample()
+            session.rewritten_calls += 1
+        session.calls += 1
         if not trace.num_turns:  # a new sample, or nothing sampled yet (a first call cancelled): render it all
             trace.truncate(0)
             trace.add_prompt(self.renderer.prompt_ids(messages, tools))

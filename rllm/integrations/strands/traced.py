@@ -26,7 +26,7 @@ from strands import Agent
 from strands.models.model import Model
 
 from rllm.engine.rollout.token_engine import TokenEngine, TokenSession
-from rllm.errors import ConfigurationError, StoreWriteError, TokenTraceError
+from rllm.errors import ConfigurationError, GenerationAbortedError, StoreWriteError, TokenTraceError
 from rllm.integrations.strands._cancel import CANCELLED
 from rllm.integrations.strands.recorder import RolloutRecorder
 from rllm.integrations.strands.rollout import (
@@ -39,10 +39,10 @@ from rllm.integrations.strands.rollout import (
     rollout_recorder,
     run_built,
 )
-from rllm.tracing.policy_server import PolicyServer
+from rllm.tracing.policy_server import CALL_HEADER, PolicyServer
 from rllm.tracing.session import session
 from rllm.tracing.trajectory import SessionTrajectory, trajectory_from_traces
-from rllm.types import Trajectory
+from rllm.types import TerminationReason, Trajectory
 
 logger = logging.getLogger(__name__)
 
@@ -69,14 +69,17 @@ async def run_traced_rollout(
     None of the agent's calls in the store is a ``ConfigurationError`` (its model is not on a
     traced client); some missing is a ``StoreWriteError`` (infrastructure). ``recorder``,
     ``timeout_s`` and ``response_length`` are ``run_rollout``'s; ``session_id`` names the session
-    (fresh and random by default).
+    (fresh and random by default). A call the backend cut (a stored finish reason ``abort``) ends
+    the rollout as ``GenerationAbortedError`` (infrastructure: unscored, no final answer), whatever
+    the client made of it, unless the run ended on an error that is neither policy nor infrastructure.
     """
     recorder = rollout_recorder(agent, recorder, "run_traced_rollout")
     before = _model_calls(recorder)
     async with session(session_id=session_id) as ctx:
         end, error, latency = await invoke_agent(agent, prompt, recorder, timeout_s)
     calls = _model_calls(recorder) - before
-    rebuilt = trajectory_from_traces(await _traces(store, ctx.id, calls, wait_s), name=recorder.steps.name)
+    traces = await _traces(store, ctx.id, calls, wait_s)
+    rebuilt = trajectory_from_traces(traces, name=recorder.steps.name)
     stored = len(rebuilt.trajectory.steps)
     if stored < calls:
         if stored == 0:
@@ -88,8 +91,26 @@ async def run_traced_rollout(
             error = StoreWriteError(f"only {stored} of the agent's {calls} model calls reached the trace store "
                                     f"{store.path} (session {ctx.id}) within {wait_s} s")
         end = read_rollout(recorder, error)
+    cut = _cut_call(traces)
+    if cut is not None and end.reason is not TerminationReason.ERROR:  # a bug or misconfiguration stays the cause
+        error = GenerationAbortedError(
+            f"the backend cut call {cut} of session {ctx.id} (finish reason 'abort'); the client took the cut text "
+            "for an answer, so the rollout is neither scored nor trained", url=str(store.path), cause="abort")
+        end = read_rollout(recorder, error)
     trajectories = _samples(rebuilt, recorder, ctx.id)
     return finished_rollout(end, error, trajectories, latency, response_length, agents=[agent])
+
+
+def _cut_call(traces: list[dict[str, Any]]) -> int | None:
+    """The ``seq`` of the first answered call the backend cut (finish reason ``abort``), or ``None``.
+
+    Strands' streaming ``OpenAIModel`` maps ``abort`` to ``end_turn``: only the stored trace says it.
+    """
+    for trace in traces:
+        response = trace.get("response") or {}
+        if response.get("finish_reason") == "abort":
+            return int(trace.get("seq", -1))
+    return None
 
 
 def _model_calls(recorder: RolloutRecorder) -> int:
@@ -105,23 +126,39 @@ async def run_served_rollout(
 
     The rollout opens a session on ``server`` served by ``engine`` (``params``: sampling under every
     call's own); its record is read from the server's traces, as from the proxy's store. A run that
-    raised ends on what the engine raised, when it raised something (the HTTP error the client saw
-    is its echo). The record's samples must be the engine's ``TokenSession`` samples, token for token
-    (``TokenTraceError`` otherwise: the traces do not say what was sampled). The record's
-    ``token_sessions`` is that session (a ``VerlSession`` carries verl's reports on its generations).
+    raised because of a failed call (the HTTP error the client saw names it in ``x-rllm-call``) ends on
+    what the engine raised for that very call; a failure the agent recovered from (an overflow Strands
+    reduced, a 503 the client retried) never decides how a later one ends. The record's samples must
+    be the engine's ``TokenSession`` samples, token for token (``TokenTraceError`` otherwise: the
+    traces do not say what was sampled). The record's ``token_sessions`` is that session (a
+    ``VerlSession`` carries verl's reports on its generations). The call's ``params`` are the
+    trainer's sampling: the sampling keys the client sends are ignored (``PolicyServer``).
     """
     recorder = rollout_recorder(agent, recorder, "run_served_rollout")
     session_id = f"rollout-{uuid.uuid4().hex}"
     with server.open(session_id, engine, params) as served:
         finished = await run_traced_rollout(agent, prompt, server, recorder=recorder, timeout_s=timeout_s,
                                             response_length=response_length, wait_s=0.0, session_id=session_id)
-    if finished.error is not None and served.error is not None and finished.error is not served.error:
+    if served.error is not None and finished.error is not served.error \
+            and _raised_by(finished.error, served.error_call):
         finished = dataclasses.replace(finished, end=read_rollout(recorder, served.error), error=served.error)
     _check_samples(finished, served.token_session, session_id)
     session = served.token_session
     return dataclasses.replace(finished, token_sessions=[session],
                                generation_seconds=float(getattr(session, "generate_seconds", 0.0)),
                                num_preempted=int(getattr(session, "num_preempted", -1)))
+
+
+def _raised_by(error: BaseException | None, call: str | None) -> bool:
+    """Whether ``error`` is, or was raised from, the HTTP answer to the failed ``call`` of the policy server."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        response = getattr(error, "response", None)
+        if call is not None and getattr(response, "headers", {}).get(CALL_HEADER) == call:
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def check_factory_built(built: Built, model: Model, *, own_client: bool, who: str, fix: str) -> bool:

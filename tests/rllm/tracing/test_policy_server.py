@@ -109,8 +109,8 @@ async def test_bad_requests_are_answered_4xx_naming_the_problem_and_the_server_k
             (await http.post(url, json={**good, "model": "gpt-4"}, headers=auth), 404, "'gpt-4' is not served here"),
             (await http.post(url, json=good, headers=auth), 400, "no rollout session ''"),
             (await http.post(url, content=b"{not json", headers=auth), 400, "not JSON"),
-            (await http.post(url, json={"model": "policy"}, headers=auth), 400, "'messages' list"),
-            (await http.post(url, json={**good, "n": 2}, headers=auth), 400, "n must be 1"),
+            (await http.post(url, json={"model": "policy"}, headers=auth), 400, "messages: Field required"),
+            (await http.post(url, json={**good, "n": 2}, headers=auth), 400, "n: Input should be 1"),
         ]
         for response, status, message in cases:
             assert (response.status_code, message in response.json()["error"]["message"]) == (status, True), \

@@ -23,7 +23,7 @@ from strands.agent.conversation_manager import SlidingWindowConversationManager
 from strands.models.openai import OpenAIModel
 
 from rllm.engine.rollout.openai_engine import OpenAIEngine
-from rllm.errors import ConfigurationError, RolloutWithoutTokensError, ToolBackendError
+from rllm.errors import ConfigurationError, GenerationAbortedError, RolloutWithoutTokensError, ToolBackendError
 from rllm.integrations.strands import Budget, NonStreamingOpenAIModel, record, run_traced_rollout
 from rllm.integrations.strands.rollout import RolloutEnd
 from rllm.rewards.base import RewardOutput
@@ -42,10 +42,17 @@ LAST = "the last entry"
 
 
 def _policy(body: dict[str, Any]) -> ScriptedReply:
-    """Look up until a tool result says it is the last entry, then answer; a question with "bad" first calls wrong."""
+    """Look up until a tool result says it is the last entry, then answer; a question with "bad" first calls wrong.
+
+    A question with "cut" has its answer cut by the backend (finish reason ``abort``, as vLLM and SGLang
+    answer an aborted request).
+    """
     messages = body["messages"]
     last = messages[-1]
     if not body.get("tools") or (last.get("role") == "tool" and LAST in content_text(last.get("content"))):
+        question = next((content_text(m.get("content")) for m in messages if m.get("role") == "user"), "")
+        if "cut" in question:
+            return ScriptedReply(content=ANSWER[:9], finish_reason="abort")
         return ScriptedReply(content=ANSWER)
     looked = sum(1 for m in messages if m.get("role") == "tool")
     if looked == 0 and "bad" in content_text(messages[-1].get("content")):
@@ -290,3 +297,12 @@ async def test_the_workflow_refuses_an_agent_on_a_model_it_does_not_record(
     await direct.close()
     with pytest.raises(TypeError, match="trace_store is for an agent_factory"):
         StrandsWorkflow(engine, tools=[], trace_store=proxy.config.db_path, reward_fn=None)
+
+
+@pytest.mark.parametrize("model_cls", [OpenAIModel, NonStreamingOpenAIModel], ids=["streamed", "non-streamed"])
+async def test_a_generation_the_backend_cut_is_never_scored(
+        client: openai.AsyncOpenAI, store: TraceStore, backend: ScriptedOpenAIServer, model_cls: type) -> None:
+    agent = _agent(model_cls(client=client, model_id="policy"), lookups=1)
+    finished = await run_traced_rollout(agent, "cut: what is the capital of France?", store, recorder=record(agent))
+    assert finished.end.reason is TerminationReason.ENGINE_ERROR and not finished.end.scored
+    assert isinstance(finished.error, GenerationAbortedError) and finished.end.final_answer == ""
