@@ -13,6 +13,7 @@ Each consumer keeps only what is its own: the verl loop drops or masks what is n
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -286,23 +287,19 @@ def finished_rollout(end: RolloutEnd, error: BaseException | None, trajectories:
     sessions = list(token_sessions or [])
     metrics = {**trajectory_metrics(trajectories), "latency_s": latency,
                "rewritten_calls": float(sum(getattr(s, "rewritten_calls", 0) for s in sessions))}
-    run = {
-        "token_sessions": sessions,
-        "generation_seconds": float(sum(getattr(s, "generate_seconds", 0.0) for s in sessions)),
-        "tool_seconds": _tool_seconds(list(agents or [])),
-        "num_preempted": max((int(getattr(s, "num_preempted", -1)) for s in sessions), default=-1),
-    }
+    record = FinishedRollout(
+        end=end, error=error, trajectories=trajectories, metrics=metrics, token_sessions=sessions,
+        generation_seconds=float(sum(getattr(s, "generate_seconds", 0.0) for s in sessions)),
+        tool_seconds=_tool_seconds(list(agents or [])),
+        num_preempted=max((int(getattr(s, "num_preempted", -1)) for s in sessions), default=-1))
     traced = [(t.name, t.token_trace) for t in trajectories if t.token_trace is not None]
     kept = [(name, trace) for name, trace in traced if trace.num_turns] or traced[:1]
     sampled = [trace for _, trace in kept]
     if not sampled:
-        return FinishedRollout(end=end, error=error, trajectories=trajectories, metrics=metrics, **run)
+        return record
     last = sampled[-1]
-    return FinishedRollout(
-        **run,
-        end=end,
-        error=error,
-        trajectories=trajectories,
+    return dataclasses.replace(
+        record,
         samples=[trace.to_verl(response_length) for trace in sampled],
         sample_names=[name for name, _ in kept],
         truncated=any(len(t) - t.prompt_length > (response_length or len(t)) for t in sampled)

@@ -37,8 +37,8 @@ from rllm.integrations.strands.rollout import (
     read_rollout,
     refuse_other_models,
     rollout_recorder,
-    run_built,
 )
+from rllm.integrations.strands.teams import run_built
 from rllm.tracing.policy_server import CALL_HEADER, PolicyServer
 from rllm.tracing.session import session
 from rllm.tracing.trajectory import SessionTrajectory, trajectory_from_traces
