@@ -5,7 +5,8 @@ instance over ``RLLMModel(rollout_engine)``, restored by ``reset()`` between tas
 ``agent_factory(model, task)`` builds any Strands ``Agent`` for each task over the workflow's
 ``RLLMModel`` (its own class, hooks, conversation manager, tools), to which a ``RolloutRecorder`` is
 attached. With ``trace_store`` the factory's agent runs on its own traced client instead (through the
-LiteLLM proxy that writes the store) and its rollout is read back from the store (``run_traced_rollout``).
+LiteLLM proxy that writes the store) and its rollout is read back from the store (``ThroughProxy``, the same
+``run_factory_built`` that runs an agent on its own client in training).
 Nothing here blocks the event loop, so a pool of N instances really runs N agents at once.
 """
 
@@ -22,7 +23,7 @@ from strands import Agent
 from rllm.data.tasks import default_task_to_prompt
 from rllm.engine.rollout.base import RolloutEngine
 from rllm.errors import ConfigurationError
-from rllm.integrations.strands import Budget, RLLMModel, RolloutRecorder, run_traced_rollout
+from rllm.integrations.strands import Budget, RLLMModel, RolloutRecorder
 from rllm.integrations.strands.rollout import (
     AgentFactory,
     Built,
@@ -32,6 +33,7 @@ from rllm.integrations.strands.rollout import (
     trajectory_metrics,
 )
 from rllm.integrations.strands.teams import record_built, run_built
+from rllm.integrations.strands.traced import ThroughProxy, run_factory_built
 from rllm.rewards.base import RewardOutput, score_answer
 from rllm.tracing.store import TraceStore
 from rllm.types import Episode, TerminationReason
@@ -40,6 +42,9 @@ from rllm.workflows.base import Workflow
 logger = logging.getLogger(__name__)
 
 __all__ = ["StrandsWorkflow", "default_task_to_prompt"]
+
+_FIX = ("rllm does not record its calls: build it on the model it is given, or, for an agent on its own client "
+        "through the tracing proxy, pass trace_store=")
 
 TaskToPrompt = Callable[[dict[str, Any]], Any]
 Tools = list[Any] | Callable[[], list[Any]]
@@ -139,11 +144,9 @@ class StrandsWorkflow(Workflow):
         self.recorders = record_built(built, budget=self.budget)
         self.built = built
         self._check_model(built)
-        if self.trace_store is None:
-            return await run_built(built, prompt, self.recorders)
-        assert isinstance(built, Agent)  # _check_model refused a team
-        (recorder,) = self.recorders.values()
-        return await run_traced_rollout(built, prompt, self.trace_store, recorder=recorder)
+        own_client = None if self.trace_store is None else ThroughProxy(self.trace_store)
+        return await run_factory_built(built, prompt, self.recorders, self.model, own_client=own_client,
+                                       who="StrandsWorkflow: agent_factory", fix=_FIX)
 
     def _check_model(self, built: Built) -> None:
         """Refuse an agent whose calls rllm would not record: on another model, or traced on the workflow's own."""
@@ -156,9 +159,7 @@ class StrandsWorkflow(Workflow):
                                          "traced client (rllm.tracing.get_chat_client_async), not on the model it is "
                                          "given, whose calls do not go through the proxy")
             return
-        refuse_other_models(built, self.model, "StrandsWorkflow: agent_factory",
-                            "rllm does not record its calls: build it on the model it is given, or, for an agent on "
-                            "its own client through the tracing proxy, pass trace_store=")
+        refuse_other_models(built, self.model, "StrandsWorkflow: agent_factory", _FIX)
 
     async def run(self, task: dict[str, Any], uid: str) -> Episode:
         """Run the agent on ``task`` (``run_rollout``); a run that did not finish cleanly ends unscored with its reason.

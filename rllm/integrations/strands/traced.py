@@ -20,6 +20,7 @@ import dataclasses
 import logging
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from strands import Agent
@@ -161,35 +162,74 @@ def _raised_by(error: BaseException | None, call: str | None) -> bool:
     return False
 
 
-def check_factory_built(built: Built, model: Model, *, own_client: bool, who: str, fix: str) -> bool:
-    """Whether what a factory built runs on its own client (served); ``ConfigurationError`` for what cannot train.
+class OwnClient(Protocol):
+    """Where the calls of an agent on its own model client go, and where its record is read back.
 
-    With ``own_client`` one ``Agent`` on another model is served; anything else must run on ``model``
-    (an agent or team node on another model is refused, ``who`` naming what built it and ``fix`` what to do).
+    One idea in evaluation (``ThroughProxy``: the LiteLLM proxy and its ``TraceStore``) and training
+    (``ServedPolicy``: the trainer's ``PolicyServer``); ``run_factory_built`` runs either the same way.
+    """
+
+    async def run(self, agent: Agent, prompt: Any, recorder: RolloutRecorder, *, timeout_s: float | None,
+                  response_length: int | None) -> FinishedRollout: ...
+
+
+@dataclass(frozen=True)
+class ThroughProxy:
+    """Evaluation: the agent's client calls the tracing proxy that writes ``store`` (``run_traced_rollout``)."""
+
+    store: TraceSource
+    wait_s: float = 30.0
+
+    async def run(self, agent: Agent, prompt: Any, recorder: RolloutRecorder, *, timeout_s: float | None,
+                  response_length: int | None) -> FinishedRollout:
+        return await run_traced_rollout(agent, prompt, self.store, recorder=recorder, timeout_s=timeout_s,
+                                        response_length=response_length, wait_s=self.wait_s)
+
+
+@dataclass(frozen=True)
+class ServedPolicy:
+    """Training: the agent's client calls the trainer's ``server``, answered by ``engine`` (``run_served_rollout``)."""
+
+    server: PolicyServer
+    engine: TokenEngine
+    params: dict[str, Any] | None = None
+
+    async def run(self, agent: Agent, prompt: Any, recorder: RolloutRecorder, *, timeout_s: float | None,
+                  response_length: int | None) -> FinishedRollout:
+        return await run_served_rollout(agent, prompt, self.server, self.engine, recorder=recorder,
+                                        params=self.params, timeout_s=timeout_s, response_length=response_length)
+
+
+def check_factory_built(built: Built, model: Model, *, own_client: bool, who: str, fix: str) -> bool:
+    """Whether what a factory built runs on its own client; ``ConfigurationError`` for what cannot be recorded.
+
+    With ``own_client`` one ``Agent`` on another model runs on its own client; anything else must run on
+    ``model`` (an agent or team node on another model is refused, ``who`` naming what built it and ``fix``
+    what to do).
     """
     if own_client and isinstance(built, Agent) and built.model is not model:
         return True
     refuse_other_models(built, model, who, fix if not own_client else
-                        "build every node on the model it is given (own_client serves one Agent, not a team's nodes)")
+                        "build every node on the model it is given (an own client serves one Agent, not a team's "
+                        "nodes)")
     return False
 
 
 async def run_factory_built(
-    built: Built, prompt: Any, recorders: dict[str, RolloutRecorder], model: Model, engine: TokenEngine, *,
-    server: PolicyServer | None, who: str, fix: str, params: dict[str, Any] | None = None,
-    timeout_s: float | None = None, response_length: int | None = None,
+    built: Built, prompt: Any, recorders: dict[str, RolloutRecorder], model: Model, *,
+    own_client: OwnClient | None, who: str, fix: str, timeout_s: float | None = None,
+    response_length: int | None = None,
 ) -> FinishedRollout:
-    """Run what an agent factory built on ``model`` in training: its record (``token_sessions`` included).
+    """Run what an agent factory built on ``model``, in evaluation or training: its record.
 
-    With ``server`` (``own_client``), one ``Agent`` on its own client is served the policy by ``engine``
-    (``run_served_rollout``). Anything else runs on ``model`` (``run_built``); an agent or team node on
-    another model is refused first, ``who`` naming what built it and ``fix`` what to do without a server.
+    With ``own_client`` one ``Agent`` on its own client runs there (``ThroughProxy`` in evaluation,
+    ``ServedPolicy`` in training). Anything else runs on ``model`` (``run_built``); an agent or team node
+    on another model is refused first, ``who`` naming what built it and ``fix`` what to do.
     """
-    if check_factory_built(built, model, own_client=server is not None, who=who, fix=fix):
+    if check_factory_built(built, model, own_client=own_client is not None, who=who, fix=fix):
         (recorder,) = recorders.values()
-        assert server is not None and isinstance(built, Agent)
-        return await run_served_rollout(built, prompt, server, engine, recorder=recorder, params=params,
-                                        timeout_s=timeout_s, response_length=response_length)
+        assert own_client is not None and isinstance(built, Agent)
+        return await own_client.run(built, prompt, recorder, timeout_s=timeout_s, response_length=response_length)
     return await run_built(built, prompt, recorders, timeout_s=timeout_s, response_length=response_length)
 
 
