@@ -17,7 +17,7 @@ from rllm.engine.rollout.token_engine import TokenEngine
 from rllm.errors import RolloutCancelledError, ToolBackendError
 from rllm.integrations.strands import Budget, RLLMModel
 from rllm.integrations.strands.rollout import AgentFactory, Built, build_agent, record_built
-from rllm.integrations.strands.traced import run_factory_built
+from rllm.integrations.strands.traced import ServedPolicy, run_factory_built
 from rllm.tracing.policy_server import PolicyServer
 from rllm.types import TerminationReason
 
@@ -77,10 +77,11 @@ async def _run_one(
     else:
         built = agent_factory(model, dict(request.task or {"prompt": request.prompt}))
     recorders = record_built(built, budget=budget)
+    own_client = None if policy_server is None else ServedPolicy(policy_server, engine, dict(request.sampling))
     finished = await run_factory_built(
-        built, request.prompt, recorders, model, engine, server=policy_server, who="run_rollouts: agent_factory",
+        built, request.prompt, recorders, model, own_client=own_client, who="run_rollouts: agent_factory",
         fix="build it on the model it is given, or, for an agent on its own OpenAI client, pass own_client=True",
-        params=dict(request.sampling), response_length=response_length)
+        response_length=response_length)
     finished.raise_if_unexpected()
     end = finished.end
     if end.infra_failure:

@@ -35,7 +35,7 @@ from rllm.integrations.strands.rollout import (
     record_built,
     silence_printing,
 )
-from rllm.integrations.strands.traced import run_factory_built
+from rllm.integrations.strands.traced import ServedPolicy, run_factory_built
 from rllm.parser import get_tool_parser
 from rllm.rewards.base import score_answer
 from rllm.tokens.renderer import content_text
@@ -388,10 +388,11 @@ class StrandsAgentLoop(AgentLoopBase):
         prompt: Any = conversation
         if len(conversation) == 1 and conversation[0]["role"] == "user":
             prompt = conversation[0]["content"][0]["text"]
+        own_client = None if policy_server is None or not self.settings.own_client else \
+            ServedPolicy(policy_server, engine, params)
         finished = await run_factory_built(
-            built, prompt, recorders, model, engine, server=policy_server if self.settings.own_client else None,
-            **factory_refusal(self.settings), params=params, timeout_s=self.settings.timeout_s,
-            response_length=self.response_length)
+            built, prompt, recorders, model, own_client=own_client, **factory_refusal(self.settings),
+            timeout_s=self.settings.timeout_s, response_length=self.response_length)
         finished.raise_if_unexpected()
         outputs = self._outputs(finished, kwargs)
         if self.settings.reward_fn is not None and finished.end.scored:
