@@ -67,3 +67,22 @@ async def test_a_first_prompt_longer_than_prompt_length_is_still_a_configuration
     with pytest.raises(Exception, match="the first prompt has \\d+ tokens but rollout.prompt_length is 8") as raised:
         await loop.run(dict(SAMPLING), **row())
     assert isinstance(raised.value, PromptTooLongError) or isinstance(raised.value.__cause__, PromptTooLongError)
+
+
+async def test_every_sample_reports_the_rows_task_and_the_agents_tools_for_the_guards(tokenizer) -> None:
+    from fixtures.verl_loop import team_script
+
+    server = FakeServerManager(tokenizer, _answers_after_four_lookups)
+    loop, _ = build_loop(tokenizer, server, **WINDOWED)
+    outputs = await loop.run(dict(SAMPLING), **row())
+    calls = len(server.calls)
+    spain = [{"role": "system", "content": "Answer."}, {"role": "user", "content": "Capital of Spain?"}]
+    other = await loop.run(dict(SAMPLING), **row(raw_prompt=spain))
+
+    assert {o.extra_fields["task_prompt"] for o in outputs} == {outputs[0].extra_fields["task_prompt"]}
+    assert other[0].extra_fields["task_prompt"] != outputs[0].extra_fields["task_prompt"]  # another row
+    assert {o.extra_fields["num_tools"] for o in outputs} == {1}  # the lookup tool
+    assert {o.extra_fields["num_model_calls"] for o in outputs} == {calls}
+    team, _ = build_loop(tokenizer, FakeServerManager(tokenizer, team_script), tool_factory=None,
+                         agent_factory="fixtures.verl_loop:research_team")
+    assert {o.extra_fields["num_tools"] for o in await team.run(dict(SAMPLING), **row())} == {1}  # no handoff tool
