@@ -6,7 +6,13 @@ engine renders the conversation incrementally like every other ``TokenEngine`` a
 rollout's exact token ids. Every turn of one rollout carries the same ``request_id``, so verl routes
 it to the same replica and its prefix cache is reused. The engine also enforces the trainer's
 response budget: verl does not truncate, so everything after the first prompt (sampled and tool
-tokens) must fit ``response_length``.
+tokens) must fit ``response_length``. The loop builds one engine per rollout, and the budget is the
+rollout's: it counts the response of every sample of every session the engine served (a history a
+conversation manager rewrote, a team's nodes), so a rollout split into samples gets no more tokens
+than an unsplit one. A later sample whose rewritten history is still longer than ``prompt_length``
+is that rollout's context overflow (``ContextLengthExceededError``: the conversation manager may
+reduce further, else the rollout ends ``context_overflow``); only a first prompt that long is a
+configuration error.
 
 A generation verl reports ``aborted`` (a weight sync, a replica leaving) ends the call with
 ``GenerationAbortedError``, like any token engine's ``abort``. verl cannot abort one request:
@@ -24,7 +30,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from rllm.engine.rollout.base import EngineUnavailableError
+from rllm.engine.rollout.base import ContextLengthExceededError, EngineUnavailableError
 from rllm.engine.rollout.token_engine import TokenEngine, TokenOutput, TokenSession
 from rllm.errors import PromptTooLongError, ResponseBudgetExhaustedError
 
@@ -68,11 +74,13 @@ class VerlEngine(TokenEngine):
     Args:
         server_manager: verl's server client, as handed to an ``AgentLoopBase``.
         tokenizer: The policy's tokenizer.
-        response_length: Tokens allowed after the first prompt (verl's ``rollout.response_length``);
-            each generation asks for at most what is left, and a rollout with nothing left ends
-            with ``ResponseBudgetExhaustedError``. ``None``: no budget.
-        prompt_length: Longest first prompt (verl's ``rollout.prompt_length``); a longer one
-            raises ``PromptTooLongError``. ``None``: no limit.
+        response_length: Tokens allowed after the first prompt (verl's ``rollout.response_length``),
+            over all the samples of all the sessions this engine serves (the rollout's); each
+            generation asks for at most what is left, and a rollout with nothing left ends with
+            ``ResponseBudgetExhaustedError``. ``None``: no budget.
+        prompt_length: Longest prompt of a sample (verl's ``rollout.prompt_length``): a longer first
+            prompt raises ``PromptTooLongError``, a longer rewritten history
+            ``ContextLengthExceededError``. ``None``: no limit.
         server_sampling: Sampling parameters verl chose for this rollout (temperature, top_p,
             top_k, repetition_penalty, logprobs); sent on every turn, under any per-call ones.
         **kwargs: As for ``TokenEngine`` (tool_parser, context_length, chat_template_kwargs, ...).
@@ -103,6 +111,7 @@ class VerlEngine(TokenEngine):
         if tokenizer.eos_token_id is not None:
             stop_ids.add(int(tokenizer.eos_token_id))
         self._stop_ids = frozenset(stop_ids)
+        self._served: list[TokenSession] = []
 
     @property
     def wants_logprobs(self) -> bool:
@@ -115,26 +124,34 @@ class VerlEngine(TokenEngine):
         session.trace.require_logprobs = self.wants_logprobs
         return session
 
+    def response_tokens(self) -> int:
+        """Response tokens (sampled and tool) after each sample's prompt, over every session this engine served."""
+        return sum(len(trace) - trace.prompt_length for session in self._served for trace in session.samples)
+
     def _budget(self, prompt_ids: list[int], max_new_tokens: int, session: TokenSession) -> int:
+        if not any(served is session for served in self._served):
+            self._served.append(session)
         first_prompt = session.trace.prompt_length
         if self.prompt_length is not None and first_prompt > self.prompt_length:
             sample = len(session.samples)
-            if sample > 1:  # verl stores each sample as a row whose prompt must fit rollout.prompt_length
-                raise PromptTooLongError(
+            if sample > 1:  # verl stores each sample as a row whose prompt must fit: this rollout overflows
+                raise ContextLengthExceededError(
                     f"sample {sample} of the rollout starts with a history the conversation manager rewrote: its "
-                    f"prompt has {first_prompt} tokens but rollout.prompt_length is {self.prompt_length}; raise "
-                    "data.max_prompt_length to hold the trimmed history, or trim it further")
+                    f"prompt has {first_prompt} tokens but rollout.prompt_length is {self.prompt_length}; the "
+                    "rollout's context overflows (a conversation manager may trim further)")
             raise PromptTooLongError(
                 f"the first prompt has {first_prompt} tokens but rollout.prompt_length is {self.prompt_length}: "
                 "raise data.max_prompt_length or shorten the system prompt, tools or question"
             )
         if self.response_length is None:
             return max_new_tokens
-        left = self.response_length - (len(prompt_ids) - first_prompt)
+        used = self.response_tokens()
+        left = self.response_length - used
         if left <= 0:
             raise ResponseBudgetExhaustedError(
-                f"the response already has {len(prompt_ids) - first_prompt} tokens of the "
-                f"{self.response_length} that rollout.response_length allows"
+                f"the rollout's response already has {used} tokens (over {len(self._served)} session(s), "
+                f"{sum(len(s.samples) for s in self._served)} sample(s)) of the {self.response_length} that "
+                "rollout.response_length allows"
             )
         return min(max_new_tokens, left)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 import logging
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from rllm.integrations.strands.rollout import (
     Built,
     FinishedRollout,
     build_agent,
+    built_agents,
     record_built,
     silence_printing,
 )
@@ -271,6 +273,25 @@ def row_task_or_row(row: dict[str, Any]) -> dict[str, Any]:
     return plain if task is None else task
 
 
+def task_key(raw_prompt: Any) -> str:
+    """A key of the row's own prompt: every rollout of one verl group shares it, whatever prompt a factory builds."""
+    text = json.dumps(_plain(raw_prompt), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+_TEAM_TOOLS = frozenset({"handoff_to_agent"})
+"""Tools a Strands ``Swarm`` gives its nodes: the team's plumbing, not the user's tools."""
+
+
+def count_tools(built: Built) -> int:
+    """The distinct tools of the agent, or of a team's agents together (a Swarm's handoff tool left out)."""
+    return len({name for agent in built_agents(built) for name in agent.tool_names} - _TEAM_TOOLS)
+
+
+_COUNTED = ("malformed_tool_calls", "side_calls", "discarded_answers", "rewritten_calls")
+"""``FinishedRollout.metrics`` counts the loop reports as ``num_<name>`` for the guards."""
+
+
 def split_prompt(raw_prompt: Any) -> tuple[str | None, list[dict[str, Any]]]:
     """The row's system prompt (if its first message is one) and the rest as Strands messages."""
     messages = [dict(m) for m in _plain(raw_prompt)]
@@ -394,7 +415,7 @@ class StrandsAgentLoop(AgentLoopBase):
             built, prompt, recorders, model, own_client=own_client, **factory_refusal(self.settings),
             timeout_s=self.settings.timeout_s, response_length=self.response_length)
         finished.raise_if_unexpected()
-        outputs = self._outputs(finished, kwargs)
+        outputs = self._outputs(finished, kwargs, num_tools=count_tools(built))
         if self.settings.reward_fn is not None and finished.end.scored:
             reward = await score_answer(import_object(self.settings.reward_fn), row_task_or_row(kwargs),
                                         finished.end.final_answer)
@@ -427,11 +448,13 @@ class StrandsAgentLoop(AgentLoopBase):
         silence_printing(built)
         return built, recorders
 
-    def _outputs(self, finished: FinishedRollout, row: dict[str, Any]) -> list[AgentLoopOutput]:
+    def _outputs(self, finished: FinishedRollout, row: dict[str, Any], *,
+                 num_tools: int | None = None) -> list[AgentLoopOutput]:
         """One ``AgentLoopOutput`` per sample of a finished rollout, masked when not ``scored`` (infra, cancelled).
 
         Every sample carries the rollout's ``extra_fields`` (the last one is scored) plus its
-        ``sample_index``, the node (``agent``) whose sample it is, and the rollout's ``num_samples``.
+        ``sample_index``, the node (``agent``) whose sample it is, and the rollout's ``num_samples``;
+        the guards read the row's ``task_prompt``, ``num_tools`` and the rollout's counts from them.
         """
         end = finished.end
         infra_error = end.failure if end.infra_failure else ""
@@ -446,6 +469,9 @@ class StrandsAgentLoop(AgentLoopBase):
             "num_tool_errors": int(finished.metrics["tool_errors"]),
             "response_truncated": finished.truncated,
             "num_samples": len(samples),
+            "task_prompt": task_key(row.get("raw_prompt")),
+            "num_tools": -1 if num_tools is None else int(num_tools),
+            **{f"num_{name}": int(finished.metrics.get(name, 0.0)) for name in _COUNTED},
         }
         sessions = [s for s in finished.token_sessions if isinstance(s, VerlSession)]
         lows = [s.min_global_steps for s in sessions if s.min_global_steps is not None]

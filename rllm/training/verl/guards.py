@@ -5,11 +5,15 @@ batch verl trained on, logged under ``rllm/guard/`` beside verl's metrics, and c
 recipe's ``rllm.guards`` block (on by default; ``null`` turns one off; a guard that is on but cannot read
 what it checks stops the step): the log-prob gap between the rollout and the actor
 (``max_logprob_gap``, audited on ``logprob_audit_rollouts`` in verl's bypass mode), group integrity
-(always), ``min_rollouts_per_group``, ``max_truncated_share``, ``max_steps_without_signal`` (with a
-warning at the first step without a learning signal, and ``check_run_end`` failing a run that never had
-one), tool calls falling to zero (a warning), and a non-finite loss, entropy or NaN gradient norm
-(always). ``GuardedTrainer`` (``rllm.training.verl.runner``) calls them; the table of guards, their
-metrics and the faults that show each one stopping verl's trainer is in docs/training-verl.md.
+(always: a group is verl's ``uid`` and the row's own prompt, not every token of a system prompt a
+factory may vary), ``min_rollouts_per_group``, ``max_truncated_share``, ``max_context_overflow_share``,
+``max_steps_without_signal`` (with a warning at the first step without a learning signal, and
+``check_run_end`` failing a run that never had one), ``max_steps_without_tool_calls`` (an agent with
+tools that never calls one: a parser that never matches the model's format; a warning at the first
+step), ``max_malformed_tool_call_share``, tool calls falling to zero (a warning), most rollouts split
+at every call (a warning), and a non-finite loss, entropy or NaN gradient norm (always).
+``GuardedTrainer`` (``rllm.training.verl.runner``) calls them; the table of guards, their metrics and the
+faults that show each one stopping verl's trainer is in docs/training-verl.md.
 """
 
 from __future__ import annotations
@@ -54,6 +58,12 @@ class GuardSettings:
         min_rollouts_per_group: Fewest rollouts a group (verl ``uid``) may have.
         max_truncated_share: Largest share of responses cut at ``response_length``.
         max_steps_without_signal: Steps in a row with a constant reward in every group before stopping.
+        max_context_overflow_share: Largest share of a step's rollouts that ended ``context_overflow``
+            (a history longer than the prompt length even after the conversation manager trimmed it).
+        max_steps_without_tool_calls: Steps in a row in which agents with tools called none before
+            stopping (the tool parser, ``multi_turn.format``, never matches what the model writes).
+        max_malformed_tool_call_share: Stop when at least this share of a step's tool calls were
+            malformed (1.0: every one of them).
         warn_on_tool_collapse: Warn when tool calls per episode fall to zero after being above it.
         served_weights: After every weight sync, compare what the rollout servers serve with the actor's
             parameters (``rllm.training.verl.served_weights``).
@@ -64,6 +74,9 @@ class GuardSettings:
     min_rollouts_per_group: int | None = 2
     max_truncated_share: float | None = 0.5
     max_steps_without_signal: int | None = 3
+    max_context_overflow_share: float | None = 0.5
+    max_steps_without_tool_calls: int | None = 3
+    max_malformed_tool_call_share: float | None = 1.0
     warn_on_tool_collapse: bool = True
     served_weights: bool = True
 
@@ -78,6 +91,29 @@ class GuardSettings:
         return cls(**values)
 
 
+@dataclass(frozen=True)
+class RolloutCounts:
+    """What the agent loop reported of one rollout beyond its reward (its ``extra_fields``).
+
+    Attributes:
+        model_calls: Sampled turns.
+        samples: Samples the rollout came back as.
+        tools: Tools its agent (a team's agents together) had.
+        malformed_tool_calls: Tool calls the parser found malformed (among its tool calls).
+        side_calls: Calls on the agent's model outside its turns (a context manager's summary).
+        discarded_answers: Answers the agent discarded (masked, never trained as acted upon).
+        rewritten_calls: Calls whose history was rewritten (each started a sample).
+    """
+
+    model_calls: float = 0.0
+    samples: float = 1.0
+    tools: int | None = None
+    malformed_tool_calls: float = 0.0
+    side_calls: float = 0.0
+    discarded_answers: float = 0.0
+    rewritten_calls: float = 0.0
+
+
 @dataclass
 class StepRollouts:
     """What the guards read of one step's batch, a row per rollout.
@@ -85,12 +121,16 @@ class StepRollouts:
     Attributes:
         groups: Each rollout's group (verl's ``uid``).
         rewards: Each rollout's reward (its ``rm_scores`` summed).
-        prompts: Each rollout's first prompt, as token ids (rollouts of one group must share it).
+        prompts: Each rollout's first prompt, as token ids (compared within a group where no task is reported).
+        tasks: Each rollout's task: a key of its row's own prompt (rollouts of one group must share
+            it), ``None`` where the loop reported none.
         rows: Each rollout's dataset row (``extra_info.index``), ``None`` where the row has none.
         rollout_logprobs: Per compared rollout, the log-probs its tokens were sampled with (sampled tokens only).
         actor_logprobs: Per compared rollout, the actor's log-probs of the same tokens.
         truncated: Per rollout, whether its response was cut at ``response_length`` (``None``: not reported).
         tool_calls: Per rollout, its tool calls (``None`` where the loop did not report them).
+        endings: Per rollout, its termination reason (``None`` where not reported).
+        counts: Per rollout, what else the loop reported (``None`` where it reported nothing).
         rollouts_per_prompt: verl's ``rollout.n`` (``None``: not checked).
     """
 
@@ -102,15 +142,32 @@ class StepRollouts:
     actor_logprobs: Sequence[Sequence[float]] = field(default_factory=list)
     truncated: Sequence[bool | None] = field(default_factory=list)
     tool_calls: Sequence[float | None] = field(default_factory=list)
+    tasks: Sequence[Any] = field(default_factory=list)
+    endings: Sequence[str | None] = field(default_factory=list)
+    counts: Sequence[RolloutCounts | None] = field(default_factory=list)
     rollouts_per_prompt: int | None = None
 
 
+def _task_key(rollouts: StepRollouts, index: int) -> Any:
+    """The rollout's task (its row's prompt) as the loop reported it, else its first prompt's tokens."""
+    task = rollouts.tasks[index] if index < len(rollouts.tasks) else None
+    if task is None and index < len(rollouts.prompts):
+        task = tuple(rollouts.prompts[index])
+    return task
+
+
 def group_violations(rollouts: StepRollouts) -> list[str]:
-    """What is wrong with the step's RLOO groups: mixed prompts, split prompts, oversized groups (empty: nothing)."""
+    """What is wrong with the step's RLOO groups: mixed prompts, split prompts, oversized groups (empty: nothing).
+
+    A group's rollouts must share their task (the row's own prompt), not every token of their first
+    prompt: a factory may vary its system prompt per rollout, a ``Graph`` order its entry nodes.
+    """
     problems = []
-    prompts: dict[Any, set[tuple[int, ...]]] = defaultdict(set)
-    for group, prompt in zip(rollouts.groups, rollouts.prompts, strict=False):
-        prompts[group].add(tuple(prompt))
+    prompts: dict[Any, set[Any]] = defaultdict(set)
+    for index, group in enumerate(rollouts.groups):
+        task = _task_key(rollouts, index)
+        if task is not None:
+            prompts[group].add(task)
     mixed = [group for group, found in prompts.items() if len(found) > 1]
     if mixed:
         problems.append(f"group {mixed[0]} holds rollouts of {len(prompts[mixed[0]])} different prompts "
@@ -156,6 +213,35 @@ def step_metrics(rollouts: StepRollouts) -> dict[str, float]:
     calls = [c for c in rollouts.tool_calls if c is not None]
     if calls:
         metrics[f"{PREFIX}tool_calls_per_episode"] = sum(calls) / len(calls)
+    endings = list(rollouts.endings)
+    if endings and all(e is not None for e in endings):
+        metrics[f"{PREFIX}context_overflow_share"] = endings.count("context_overflow") / len(endings)
+    metrics.update(_agent_metrics(rollouts))
+    return metrics
+
+
+def _agent_metrics(rollouts: StepRollouts) -> dict[str, float]:
+    """The metrics of what the agents did with their tools and histories (from ``RolloutCounts``)."""
+    pairs = [(c, calls) for c, calls in zip(rollouts.counts, rollouts.tool_calls, strict=False) if c is not None]
+    if not pairs:
+        return {}
+    metrics = {f"{PREFIX}side_calls": sum(c.side_calls for c, _ in pairs),
+               f"{PREFIX}discarded_answers": sum(c.discarded_answers for c, _ in pairs)}
+    with_tools = [calls or 0.0 for c, calls in pairs if c.tools]
+    if with_tools:
+        metrics[f"{PREFIX}tool_agent_rollouts"] = float(len(with_tools))
+        metrics[f"{PREFIX}tool_agent_calls_per_episode"] = sum(with_tools) / len(with_tools)
+    all_calls = sum(calls or 0.0 for _, calls in pairs)
+    if all_calls:
+        malformed = sum(c.malformed_tool_calls for c, _ in pairs)
+        metrics[f"{PREFIX}malformed_tool_call_share"] = min(malformed / all_calls, 1.0)
+    model_calls = sum(c.model_calls for c, _ in pairs)
+    if model_calls:
+        metrics[f"{PREFIX}rewritten_call_share"] = sum(c.rewritten_calls for c, _ in pairs) / model_calls
+    several = [c for c, _ in pairs if c.model_calls > 1]
+    if several:  # a call after the first that kept the history appended would not have been rewritten
+        every = [c.rewritten_calls >= c.model_calls - 1 for c in several]
+        metrics[f"{PREFIX}split_every_call_share"] = sum(every) / len(every)
     return metrics
 
 
@@ -176,6 +262,9 @@ class TrainingGuards:
         self.steps_with_signal = 0
         self.steps_checked = 0
         self.tools_were_used = False
+        self.tool_steps_checked = 0
+        self.steps_without_tool_calls = 0
+        self.warned_split_every_call = False
 
     def check(self, step: int, metrics: dict[str, Any], rollouts: StepRollouts | None = None) -> list[str]:
         """Both checks of a step (``check_update`` then ``check_rollouts``); the warnings."""
@@ -265,10 +354,51 @@ class TrainingGuards:
                 self.tools_were_used = True
             elif self.tools_were_used and s.warn_on_tool_collapse:
                 warnings.append(f"step {step}: tool calls per episode fell to zero (they were above zero before)")
+        if s.max_context_overflow_share is not None:
+            overflow = self._require(step, metrics, "context_overflow_share", "max_context_overflow_share")
+            if overflow > s.max_context_overflow_share:
+                raise TrainingGuardError(
+                    f"step {step}: {overflow:.0%} of the rollouts ended context_overflow, their history longer than "
+                    f"rollout.prompt_length even after the conversation manager trimmed it "
+                    f"(rllm.guards.max_context_overflow_share={s.max_context_overflow_share}); raise "
+                    "data.max_prompt_length or have the conversation manager keep less", step=step)
+        warnings += self._check_tool_use(step, metrics)
         for warning in warnings:
             logger.warning("training guard: %s", warning)
         return warnings
 
+    def _check_tool_use(self, step: int, metrics: dict[str, Any]) -> list[str]:
+        """Raise when agents with tools never call one, or every call is malformed; warn on rewritten histories."""
+        s, warnings = self.settings, []
+        calls = metrics.get(f"{PREFIX}tool_agent_calls_per_episode")
+        limit = s.max_steps_without_tool_calls
+        if calls is not None and limit is not None:
+            self.tool_steps_checked += 1
+            self.steps_without_tool_calls = self.steps_without_tool_calls + 1 if calls == 0 else 0
+            cause = ("the tool parser (actor_rollout_ref.rollout.multi_turn.format) does not match how the model "
+                     "writes calls under its chat template, or the template does not show the model its tools")
+            if self.steps_without_tool_calls >= limit:
+                raise TrainingGuardError(
+                    f"step {step}: agents with tools called none in {self.steps_without_tool_calls} step(s) in a row "
+                    f"(rllm.guards.max_steps_without_tool_calls={limit}): likely {cause}; the reward it gets is "
+                    "not from using its tools", step=step)
+            if calls == 0 and self.tool_steps_checked == 1:
+                warnings.append(f"step {step}: TOOLS NEVER CALLED: agents with tools made no tool call in any "
+                                f"episode; likely {cause}")
+        malformed = metrics.get(f"{PREFIX}malformed_tool_call_share")
+        if malformed is not None and s.max_malformed_tool_call_share is not None \
+                and malformed >= s.max_malformed_tool_call_share:
+            raise TrainingGuardError(
+                f"step {step}: {malformed:.0%} of the tool calls were malformed (rllm.guards."
+                f"max_malformed_tool_call_share={s.max_malformed_tool_call_share}): the tool parser "
+                "(actor_rollout_ref.rollout.multi_turn.format) does not read the model's calls", step=step)
+        every = metrics.get(f"{PREFIX}split_every_call_share")
+        if every is not None and every > 0.5 and not self.warned_split_every_call:
+            self.warned_split_every_call = True
+            warnings.append(f"step {step}: {every:.0%} of the rollouts with several calls had their history "
+                            "rewritten at every call (each call its own sample): a conversation manager trimming "
+                            "every turn, or a client that re-renders messages differently each time")
+        return warnings
 
     def check_run_end(self, step: int) -> None:
         """Raise at the end of a run in which no step had a group whose rewards varied: it learned nothing."""
@@ -285,7 +415,8 @@ def summary_line(step: int, metrics: dict[str, Any]) -> str:
     """One line of the guard metrics of a step, for the console."""
     parts = []
     for name in ("logprob_gap_max", "groups_with_signal_share", "min_group_size", "truncated_share",
-                 "tool_calls_per_episode", "zero_advantage_group_share"):
+                 "context_overflow_share", "tool_calls_per_episode", "malformed_tool_call_share",
+                 "zero_advantage_group_share"):
         value = metrics.get(PREFIX + name)
         if value is not None:
             parts.append(f"{name}={value:.3g}")

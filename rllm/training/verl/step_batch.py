@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rllm.training.verl.guards import StepRollouts
+from rllm.training.verl.guards import RolloutCounts, StepRollouts
 
 _ROW_FIELDS = ("uid", "session_id", "rm_scores", "prompts", "extra_fields", "extra_info")
 
@@ -91,8 +91,25 @@ def _row_index(info: Any) -> Any:
     return info.get("index") if isinstance(info, dict) else None
 
 
+_COUNT_FIELDS = {"model_calls": "num_model_calls", "samples": "num_samples",
+                 "malformed_tool_calls": "num_malformed_tool_calls", "side_calls": "num_side_calls",
+                 "discarded_answers": "num_discarded_answers", "rewritten_calls": "num_rewritten_calls"}
+"""``RolloutCounts`` field: the agent loop's ``extra_fields`` key it is read from."""
+
+
+def _counts(extra: dict[str, Any]) -> RolloutCounts | None:
+    """What the loop reported of a rollout beyond its reward; ``None`` when it reported none of it."""
+    if "num_model_calls" not in extra:
+        return None
+    values = {name: float(extra[key]) for name, key in _COUNT_FIELDS.items() if extra.get(key) is not None}
+    tools = extra.get("num_tools")
+    return RolloutCounts(**values, tools=None if tools is None or int(tools) < 0 else int(tools))  # -1: unknown
+
+
 def read_step(batch: Any, rollouts_per_prompt: int | None = None) -> StepRollouts:
     """The step's rollouts as the guards read them: a rollout's rows (its samples) merged, in key order.
+
+    Every sample carries its rollout's ``extra_fields``: its task (``task_prompt``), ending and counts.
 
     The log-prob pairs are not among them: they exist only after the actor's audit, later in the step.
     """
@@ -109,7 +126,9 @@ def read_step(batch: Any, rollouts_per_prompt: int | None = None) -> StepRollout
         if identity not in merged:
             order.append(identity)
             merged[identity] = {"prompt": [int(t) for t in columns["prompts"][i].tolist()],
-                                "row": _row_index(columns["extra_info"][i]), "truncated": None, "calls": None}
+                                "row": _row_index(columns["extra_info"][i]), "truncated": None, "calls": None,
+                                "task": extra.get("task_prompt"), "ending": extra.get("termination_reason"),
+                                "counts": _counts(extra)}
         rollout = merged[identity]
         rollout["reward"] = float(columns["rm_scores"][i].sum())  # every sample carries the rollout's reward
         if "response_truncated" in extra:
@@ -121,7 +140,8 @@ def read_step(batch: Any, rollouts_per_prompt: int | None = None) -> StepRollout
         groups=[identity[0] for identity in order], rewards=[r["reward"] for r in rollouts],
         prompts=[r["prompt"] for r in rollouts], rows=[r["row"] for r in rollouts],
         truncated=[r["truncated"] for r in rollouts], tool_calls=[r["calls"] for r in rollouts],
-        rollouts_per_prompt=rollouts_per_prompt)
+        tasks=[r["task"] for r in rollouts], endings=[r["ending"] for r in rollouts],
+        counts=[r["counts"] for r in rollouts], rollouts_per_prompt=rollouts_per_prompt)
 
 
 def read_advantages(batch: Any) -> tuple[Sequence[Any], list[list[float]]]:

@@ -182,3 +182,68 @@ async def test_cancel_on_an_agent_over_verls_server_client_fails_loudly_and_the_
     assert sent_id != agent.token_session.request_id  # verl's client sent its own id: none of ours to abort
     assert result.stop_reason == "end_turn" and agent.termination_reason is TerminationReason.FINISHED
     assert agent.trajectory.steps[-1].model_output.text == "\\boxed{4}"
+
+
+# --- the response budget is the rollout's: every sample of every session the engine served ---------------------
+
+
+def _short_answers(tokenizer: Any) -> Any:
+    from fixtures.verl_loop import FakeServerManager
+
+    return FakeServerManager(tokenizer, lambda prompt: "word " * 10)
+
+
+def _rewritten(turn: int) -> list[dict[str, Any]]:
+    """A history a conversation manager rewrote: each call's is no extension of the last, so a sample starts."""
+    return [{"role": "system", "content": "Answer."}, {"role": "user", "content": f"question {turn}"}]
+
+
+async def _call_until_exhausted(engine: Any, sessions: list[Any]) -> int:
+    """Call the engine round-robin over ``sessions``, each call a rewritten history, until the budget ends it."""
+    from rllm.errors import ResponseBudgetExhaustedError
+
+    for turn in range(100):
+        try:
+            await engine.get_model_response(_rewritten(turn), session=sessions[turn % len(sessions)])
+        except ResponseBudgetExhaustedError as error:
+            assert "rollout.response_length allows" in str(error)
+            return turn
+    raise AssertionError("the budget never ended the rollout")
+
+
+async def test_a_rollout_split_into_samples_gets_the_budget_of_an_unsplit_one() -> None:
+    from fixtures.verl_loop import SAMPLING
+
+    from rllm.engine.rollout.verl_engine import VerlEngine
+    from rllm.testing.tiny_models import build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer()
+    server = _short_answers(tokenizer)
+    engine = VerlEngine(server, tokenizer, response_length=120, server_sampling=SAMPLING)
+    session = engine.new_session()
+
+    calls = await _call_until_exhausted(engine, [session])
+
+    sampled = [len(call["token_ids"]) for call in server.calls]
+    assert calls == len(server.calls) > 2
+    assert sum(1 for t in session.samples if t.num_turns) == calls  # one sample per rewritten call
+    assert sum(sampled) == 120  # the rollout's 120 tokens over all its samples, not 120 each
+    assert server.calls[-1]["sampling_params"]["max_tokens"] == 120 - sum(sampled[:-1])  # the last is clamped
+    assert engine.response_tokens() == sum(len(t) - t.prompt_length for t in session.samples) == 120
+
+
+async def test_a_teams_sessions_share_the_rollouts_budget() -> None:
+    from fixtures.verl_loop import SAMPLING
+
+    from rllm.engine.rollout.verl_engine import VerlEngine
+    from rllm.testing.tiny_models import build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer()
+    server = _short_answers(tokenizer)
+    engine = VerlEngine(server, tokenizer, response_length=120, server_sampling=SAMPLING)
+    researcher, writer = engine.new_session(), engine.new_session()
+
+    await _call_until_exhausted(engine, [researcher, writer])
+
+    assert {call["request_id"] for call in server.calls} == {researcher.request_id, writer.request_id}
+    assert sum(len(call["token_ids"]) for call in server.calls) == 120  # both nodes' samples, one budget

@@ -29,8 +29,7 @@ from verl.trainer.ppo.reward import load_reward_manager  # noqa: E402
 from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: E402
 from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 
-from rllm.engine.rollout.verl_engine import PromptTooLongError  # noqa: E402
-from rllm.errors import ConfigurationError  # noqa: E402
+from rllm.errors import ConfigurationError, PromptTooLongError  # noqa: E402
 from rllm.testing.scripted_tokens import Cut  # noqa: E402
 from rllm.tracing import PolicyServer  # noqa: E402
 from rllm.training.verl.agent_loop import POLICY_SERVER_KWARG, RolloutOutcome, StrandsAgentLoop  # noqa: E402
@@ -468,26 +467,6 @@ async def test_a_users_agent_whose_history_is_rewritten_is_stored_by_verl_as_one
     assert put["keys"] == [f"u-0_0_{i}" for i in range(len(outputs))]  # verl's rows: one per sample
     # The last sample is scored (the final answer is in it) and its reward copied to every sample.
     assert [sum(scores.tolist()) for scores in put["fields"]["rm_scores"]] == [1.0] * len(outputs)
-
-
-async def test_a_rewritten_history_longer_than_prompt_length_stops_naming_the_sample(tokenizer) -> None:
-    # verl stores each sample as a row whose prompt must fit rollout.prompt_length: a trimmed history may not.
-    def script(prompt: str) -> str:
-        return lookup_call("France") if prompt.count("<tool_response>") < 4 else "It is \\boxed{Paris}."
-
-    loop, _ = build_loop(tokenizer, FakeServerManager(tokenizer, script), tool_factory=None,
-                         agent_factory="fixtures.verl_loop:windowed_agent")
-    outputs = await loop.run(dict(SAMPLING), **row())
-    first, later = len(outputs[0].prompt_ids), max(len(o.prompt_ids) for o in outputs[1:])
-    assert later > first
-    loop, _ = build_loop(tokenizer, FakeServerManager(tokenizer, script), f"data.max_prompt_length={first}",
-                         tool_factory=None, agent_factory="fixtures.verl_loop:windowed_agent")
-    with pytest.raises(Exception, match=rf"sample \d of the rollout starts with a history the conversation "
-                                                 rf"manager rewrote: its prompt has \d+ tokens but "
-                                                 rf"rollout.prompt_length is {first}; raise data.max_prompt_length"
-                                                 ) as raised:  # Strands wraps a later call's error in its own
-        await loop.run(dict(SAMPLING), **row())
-    assert isinstance(raised.value, PromptTooLongError) or isinstance(raised.value.__cause__, PromptTooLongError)
 
 
 async def test_a_swarm_from_the_factory_is_one_rollout_whose_node_samples_verl_stores_as_rows(tokenizer,

@@ -8,9 +8,10 @@ bearer token):
   ``SlidingWindowConversationManager()`` and whole passages: its second search overflows the context,
   Strands trims the history and retries, and the rollout continues in a new sample;
 * ``examples/strands/search_team.py``: a Strands ``Graph`` of a researcher that searches and a writer
-  that answers, one episode with one trajectory per node; in the same run the other prompt runs the same
-  pair as a Strands ``Swarm`` (``search_swarm``: the researcher hands off to the writer with Strands'
-  ``handoff_to_agent``), a trajectory per node that ran;
+  that answers, one episode with one trajectory per node; in the same run each prompt's other rollout runs
+  the same pair as a Strands ``Swarm`` (``search_swarm``: the researcher hands off to the writer with
+  Strands' ``handoff_to_agent``), a trajectory per node that ran: a factory whose system prompt varies
+  per rollout, whose groups train (the audit checks the row, not every token of the first prompt);
 * ``examples/strands/own_client_search_agent.py``: the same plain ``strands.Agent`` on Strands' own
   streaming ``OpenAIModel`` and its own client (``rllm.agent_loop.own_client=true``): each verl worker
   serves it the policy over HTTP. It runs in the windowed agent's run, as rollout 1 of every prompt
@@ -187,6 +188,15 @@ def test_a_researcher_writer_graph_and_swarm_train_as_one_episode_with_a_sample_
         assert not swarm or "Handing off to writer" in researcher
         kinds.append("swarm" if swarm else "graph")
     assert sorted(kinds) == ["graph"] * 4 + ["swarm"] * 4  # per step, one prompt's two rollouts each
+    # A group's two rollouts began from different first prompts (the Swarm's researcher has its hand-off tool in
+    # its system prompt), yet verl grouped them and the audit let both steps train.
+    firsts: dict[str, set[tuple[int, ...]]] = {}
+    for rollout, samples in _per_rollout(team).items():
+        first = samples[0]
+        firsts.setdefault(rollout.rpartition("_")[0], set()).add(tuple(first["ids"][: len(first["ids"])
+                                                                                      - len(first["mask"])]))
+    assert len(firsts) == 2 * 2 and all(len(prompts) == 2 for prompts in firsts.values())
+    assert all(m["rllm/guard/group_violations"] == 0 for m in team.metrics)
 
 
 def test_the_same_agent_on_its_own_openai_client_trains_on_the_same_samples(windowed: Run) -> None:

@@ -1,9 +1,10 @@
 """Guards on what the rollout serves and returns, each shown stopping verl's own trainer on an injected fault.
 
 Weights that stop arriving at the rollout server, a generation the server cuts (its group left with
-one rollout), responses cut at the response length. Every run is ``python -m rllm.training.verl.train
---cpu`` on the lookup recipe (``fixtures.verl_fault_runs``); the faults come from outside the code under
-test (``fixtures.verl_faults``, imported by verl into every process, or the recipe). Each run must exit
+one rollout), responses cut at the response length, a tool agent that never calls its tools. Every run
+is ``python -m rllm.training.verl.train --cpu`` on the lookup recipe (``fixtures.verl_fault_runs``); the
+faults come from outside the code under test (``fixtures.verl_faults``, imported by verl into every
+process, or the recipe, as for the tool agent: the random policy never writes a call). Each run must exit
 non-zero with the step and the guard in its output.
 """
 
@@ -61,3 +62,18 @@ def test_responses_cut_beyond_the_share_stop_verls_trainer(fault_run_model: Path
                     r"\(rllm\.guards\.max_truncated_share=0\.25\)", run.output)
     assert cut is not None, run.output[-3000:]
     assert int(cut.group(1)) > 25, cut.group(0)
+
+
+@pytest.mark.timeout(900)
+def test_a_tool_agent_that_never_calls_its_tools_stops_verls_trainer_naming_the_parser(fault_run_model: Path,
+                                                                                    tmp_path: Path) -> None:
+    # The lookup agent has its tool, but the random-init policy never writes a call the Hermes parser reads (as a
+    # model whose call format the parser does not match): a loud warning at step 1, the stop at step 2.
+    run = train(fault_run_model, tmp_path, "rllm.guards.max_steps_without_tool_calls=2")
+    assert run.returncode != 0, run.output[-3000:]
+    assert "step 1: TOOLS NEVER CALLED: agents with tools made no tool call in any episode" in run.output
+    assert re.search(r"TrainingGuardError: step 2: agents with tools called none in 2 step\(s\) in a row "
+                     r"\(rllm\.guards\.max_steps_without_tool_calls=2\): likely the tool parser "
+                     r"\(actor_rollout_ref\.rollout\.multi_turn\.format\)", run.output), run.output[-3000:]
+    assert [m["step"] for m in run.metrics] == [1, 2]
+    assert all(m["data"]["rllm/guard/tool_agent_calls_per_episode"] == 0 for m in run.metrics)

@@ -14,6 +14,7 @@ from rllm.errors import TrainingGuardError
 from rllm.training.verl.guards import (
     PREFIX,
     GuardSettings,
+    RolloutCounts,
     StepRollouts,
     TrainingGuards,
     group_violations,
@@ -23,7 +24,8 @@ from rllm.training.verl.guards import (
 
 # Only the guard under test on: the others need metrics these hand-made steps do not all have.
 ONLY = {"max_logprob_gap": None, "min_rollouts_per_group": None, "max_truncated_share": None,
-        "max_steps_without_signal": None}
+        "max_steps_without_signal": None, "max_context_overflow_share": None, "max_steps_without_tool_calls": None,
+        "max_malformed_tool_call_share": None}
 
 
 def _only(**settings: object) -> TrainingGuards:
@@ -154,3 +156,83 @@ def test_guards_can_be_turned_off_and_unknown_settings_are_refused() -> None:
             "actor/loss": 0.0})
     with pytest.raises(ValueError, match=r"rllm\.guards\.max_gap"):
         GuardSettings.from_mapping({"max_gap": 1})
+
+
+def test_a_group_is_its_rows_prompt_not_every_token_of_a_system_prompt_a_factory_varies() -> None:
+    # A factory puts the date in its system prompt: the first prompts differ, the row (the task) is the same.
+    varied = _rollouts([1.0, 0.0, 1.0, 0.0], ["a", "a", "b", "b"], prompts=[[1, 5], [1, 6], [2, 7], [2, 8]],
+                       tasks=["row0", "row0", "row1", "row1"], rows=[0, 0, 1, 1], rollouts_per_prompt=2)
+    assert group_violations(varied) == []
+    assert _only().check_rollouts(1, step_metrics(varied), varied) == []
+    # Two rows in one verl group still stop, whatever their prompts' tokens.
+    two_rows = _rollouts([1.0, 0.0], ["a", "a"], prompts=[[1], [1]], tasks=["row0", "row1"], rows=[None, None])
+    assert group_violations(two_rows) == ["group a holds rollouts of 2 different prompts (1 such group(s))"]
+    with pytest.raises(TrainingGuardError, match="step 2: the RLOO groups are wrong"):
+        _only().check_groups(2, two_rows)
+
+
+def test_context_overflows_end_their_rollouts_and_stop_the_run_only_past_the_share() -> None:
+    endings = ["context_overflow", "finished", "finished", "max_tokens"]
+    metrics = _step([1.0, 0.0, 1.0, 0.0], endings=endings)
+    assert metrics[PREFIX + "context_overflow_share"] == 0.25
+    assert _only(max_context_overflow_share=0.5).check_rollouts(1, metrics) == []
+    most = _step([1.0, 0.0, 1.0, 0.0], endings=["context_overflow"] * 3 + ["finished"])
+    with pytest.raises(TrainingGuardError, match=r"step 2: 75% of the rollouts ended context_overflow.*"
+                                                 r"max_context_overflow_share=0.5"):
+        _only(max_context_overflow_share=0.5).check_rollouts(2, most)
+    with pytest.raises(TrainingGuardError, match="max_context_overflow_share is on but the step has no"):
+        _only(max_context_overflow_share=0.5).check_rollouts(3, _step([1.0, 0.0]))
+
+
+def _tool_agents(calls: list[float], *, tools: int = 1, malformed: float = 0.0, **counts: float) -> dict[str, float]:
+    """A step of rollouts by agents with ``tools`` tools, each making ``calls[i]`` tool calls."""
+    return _step([1.0, 0.0] * (len(calls) // 2), tool_calls=calls,
+                 counts=[RolloutCounts(tools=tools, malformed_tool_calls=malformed, **counts) for _ in calls])
+
+
+def test_an_agent_with_tools_that_never_calls_one_is_a_warning_then_a_stop_naming_the_parser() -> None:
+    guards = _only(max_steps_without_tool_calls=3)
+    (warning,) = guards.check_rollouts(1, _tool_agents([0, 0]))
+    assert "TOOLS NEVER CALLED" in warning and "multi_turn.format" in warning
+    assert guards.check_rollouts(2, _tool_agents([0, 0])) == []
+    with pytest.raises(TrainingGuardError, match=r"step 3: agents with tools called none in 3 step\(s\) in a row.*"
+                                                 r"actor_rollout_ref.rollout.multi_turn.format.*chat template"):
+        guards.check_rollouts(3, _tool_agents([0, 0]))
+    # A step with calls resets the count; agents without tools are never held to it.
+    guards = _only(max_steps_without_tool_calls=2)
+    guards.check_rollouts(1, _tool_agents([0, 1]))
+    guards.check_rollouts(2, _tool_agents([0, 0]))
+    guards.check_rollouts(3, _tool_agents([1, 0]))
+    guards = _only(max_steps_without_tool_calls=2)
+    for step in range(1, 5):
+        assert guards.check_rollouts(step, _tool_agents([0, 0], tools=0)) == []
+
+
+def test_every_tool_call_malformed_stops_and_the_share_is_a_metric() -> None:
+    half = _tool_agents([2, 2], malformed=1)
+    assert half[PREFIX + "malformed_tool_call_share"] == 0.5
+    assert _only(max_malformed_tool_call_share=1.0).check_rollouts(1, half) == []
+    with pytest.raises(TrainingGuardError, match=r"step 2: 100% of the tool calls were malformed.*multi_turn.format"):
+        _only(max_malformed_tool_call_share=1.0).check_rollouts(2, _tool_agents([2, 1], malformed=2))
+
+
+def test_side_calls_discarded_answers_and_rewritten_histories_are_counted(caplog: pytest.LogCaptureFixture) -> None:
+    metrics = _tool_agents([1, 1], model_calls=4, rewritten_calls=1, side_calls=2, discarded_answers=1)
+    assert metrics[PREFIX + "side_calls"] == 4 and metrics[PREFIX + "discarded_answers"] == 2
+    assert metrics[PREFIX + "rewritten_call_share"] == 0.25 and metrics[PREFIX + "split_every_call_share"] == 0
+    guards = _only()
+    assert guards.check_rollouts(1, metrics) == []
+    every = _tool_agents([1, 1], model_calls=4, rewritten_calls=3)
+    assert every[PREFIX + "rewritten_call_share"] == 0.75 and every[PREFIX + "split_every_call_share"] == 1
+    (warning,) = guards.check_rollouts(2, every)
+    assert "rewritten at every call" in warning and "rewritten at every call" in caplog.text
+    assert guards.check_rollouts(3, every) == []  # once per run
+
+
+def test_the_new_guard_keys_are_read_from_the_recipe() -> None:
+    settings = GuardSettings.from_mapping({"max_context_overflow_share": None, "max_steps_without_tool_calls": 5,
+                                           "max_malformed_tool_call_share": 0.9})
+    assert (settings.max_context_overflow_share, settings.max_steps_without_tool_calls,
+            settings.max_malformed_tool_call_share) == (None, 5, 0.9)
+    assert GuardSettings() == GuardSettings(max_context_overflow_share=0.5, max_steps_without_tool_calls=3,
+                                            max_malformed_tool_call_share=1.0)

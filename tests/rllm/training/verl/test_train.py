@@ -43,6 +43,9 @@ ADDED_KEYS = {
     "rllm.guards.min_rollouts_per_group": "rllm.training.verl.guards.GuardSettings, check_launch",
     "rllm.guards.max_truncated_share": "rllm.training.verl.guards.GuardSettings",
     "rllm.guards.max_steps_without_signal": "rllm.training.verl.guards.GuardSettings",
+    "rllm.guards.max_context_overflow_share": "rllm.training.verl.guards.GuardSettings",
+    "rllm.guards.max_steps_without_tool_calls": "rllm.training.verl.guards.GuardSettings",
+    "rllm.guards.max_malformed_tool_call_share": "rllm.training.verl.guards.GuardSettings",
     "rllm.guards.warn_on_tool_collapse": "rllm.training.verl.guards.GuardSettings",
     "rllm.guards.served_weights": "rllm.training.verl.guards.GuardSettings, runner, check_launch",
     "ray_kwargs.ray_init.runtime_env.env_vars.VLLM_ALLOW_INSECURE_SERIALIZATION":

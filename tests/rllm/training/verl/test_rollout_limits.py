@@ -1,0 +1,88 @@
+"""A rollout's limits are the rollout's: its response budget over all its samples, its overflow its own ending.
+
+The loop is built as verl's ``AgentLoopWorker`` builds it (``fixtures.verl_loop``), the agent is a
+user's plain ``strands.Agent`` under Strands' per-turn ``SlidingWindowConversationManager`` (each
+call a rewritten history, so each call a sample), and the rollout server is a fake ``server_manager``
+answering scripted text through the real tokenizer.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OTEL_SDK_DISABLED", "true")
+
+from fixtures.verl_loop import SAMPLING, FakeServerManager, build_loop, lookup_call, row  # noqa: E402
+
+WINDOWED = {"tool_factory": None, "agent_factory": "fixtures.verl_loop:windowed_agent"}
+
+
+def _looks_up_forever(prompt: str) -> str:
+    return lookup_call("France")
+
+
+def _answers_after_four_lookups(prompt: str) -> str:
+    return lookup_call("France") if prompt.count("<tool_response>") < 4 else "It is \\boxed{Paris}."
+
+
+async def test_a_rollout_split_by_a_sliding_window_stays_within_max_response_length(tokenizer) -> None:
+    server = FakeServerManager(tokenizer, _looks_up_forever)
+    loop, config = build_loop(tokenizer, server, "data.max_response_length=120", **WINDOWED)
+
+    outputs = await loop.run(dict(SAMPLING), **row())
+
+    assert len(outputs) > 1  # split: the window rewrote the history
+    # The rollout's response (sampled and tool tokens after each sample's prompt) is 120 in all, as for one sample.
+    assert sum(len(o.response_ids) for o in outputs) == config.actor_rollout_ref.rollout.response_length == 120
+    sampled = sum(len(call["token_ids"]) for call in server.calls)
+    assert sum(sum(o.response_mask) for o in outputs) == sampled < 120
+    assert outputs[-1].extra_fields["termination_reason"] == "max_tokens"
+
+
+async def test_a_rewritten_history_longer_than_prompt_length_ends_that_rollout_as_context_overflow(tokenizer) -> None:
+    # verl stores each sample as a row whose prompt must fit rollout.prompt_length: a trimmed history may not.
+    loop, _ = build_loop(tokenizer, FakeServerManager(tokenizer, _answers_after_four_lookups), **WINDOWED)
+    outputs = await loop.run(dict(SAMPLING), **row())
+    first, later = len(outputs[0].prompt_ids), max(len(o.prompt_ids) for o in outputs[1:])
+    assert later > first
+    server = FakeServerManager(tokenizer, _answers_after_four_lookups)
+    loop, _ = build_loop(tokenizer, server, f"data.max_prompt_length={first}", **WINDOWED)
+
+    outputs = await loop.run(dict(SAMPLING), **row())  # the rollout ends; the run does not stop
+
+    extra = outputs[-1].extra_fields
+    assert extra["termination_reason"] == "context_overflow" and extra["infra_failure"] is False
+    assert all(len(o.prompt_ids) <= first for o in outputs)  # every stored row fits verl's prompt length
+    assert [t for o in outputs for t, m in zip(o.response_ids, o.response_mask, strict=True) if m] == [
+        t for c in server.calls for t in c["token_ids"]]  # what it sampled before, trained as sampled
+
+
+async def test_a_first_prompt_longer_than_prompt_length_is_still_a_configuration_error(tokenizer) -> None:
+    import pytest
+
+    from rllm.errors import PromptTooLongError
+
+    loop, _ = build_loop(tokenizer, FakeServerManager(tokenizer, _looks_up_forever), "data.max_prompt_length=8",
+                         **WINDOWED)
+    with pytest.raises(Exception, match="the first prompt has \\d+ tokens but rollout.prompt_length is 8") as raised:
+        await loop.run(dict(SAMPLING), **row())
+    assert isinstance(raised.value, PromptTooLongError) or isinstance(raised.value.__cause__, PromptTooLongError)
+
+
+async def test_every_sample_reports_the_rows_task_and_the_agents_tools_for_the_guards(tokenizer) -> None:
+    from fixtures.verl_loop import team_script
+
+    server = FakeServerManager(tokenizer, _answers_after_four_lookups)
+    loop, _ = build_loop(tokenizer, server, **WINDOWED)
+    outputs = await loop.run(dict(SAMPLING), **row())
+    calls = len(server.calls)
+    spain = [{"role": "system", "content": "Answer."}, {"role": "user", "content": "Capital of Spain?"}]
+    other = await loop.run(dict(SAMPLING), **row(raw_prompt=spain))
+
+    assert {o.extra_fields["task_prompt"] for o in outputs} == {outputs[0].extra_fields["task_prompt"]}
+    assert other[0].extra_fields["task_prompt"] != outputs[0].extra_fields["task_prompt"]  # another row
+    assert {o.extra_fields["num_tools"] for o in outputs} == {1}  # the lookup tool
+    assert {o.extra_fields["num_model_calls"] for o in outputs} == {calls}
+    team, _ = build_loop(tokenizer, FakeServerManager(tokenizer, team_script), tool_factory=None,
+                         agent_factory="fixtures.verl_loop:research_team")
+    assert {o.extra_fields["num_tools"] for o in await team.run(dict(SAMPLING), **row())} == {1}  # no handoff tool
