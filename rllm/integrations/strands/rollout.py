@@ -346,17 +346,3 @@ def refuse_other_models(built: Built, model: Any, who: str, fix: str) -> None:
             kind = type(agent.model).__name__
             raise ConfigurationError(f"{who} built agent {agent.name!r} on another model ({kind}); {fix}")
 
-
-_MOVED_TO_TEAMS = frozenset({"read_team", "record_built", "record_team", "run_built", "run_team_rollout"})
-
-
-def __getattr__(name: str) -> Any:
-    """The team runners' old home: they live in ``teams.py`` (which builds on this module) since issue 44.
-
-    Kept so that imports from here keep working until every caller imports from ``teams``.
-    """
-    if name in _MOVED_TO_TEAMS:
-        from rllm.integrations.strands import teams
-
-        return getattr(teams, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

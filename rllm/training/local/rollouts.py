@@ -16,7 +16,8 @@ from typing import Any
 from rllm.engine.rollout.token_engine import TokenEngine
 from rllm.errors import RolloutCancelledError, ToolBackendError
 from rllm.integrations.strands import Budget, RLLMModel
-from rllm.integrations.strands.rollout import AgentFactory, Built, build_agent, record_built
+from rllm.integrations.strands.rollout import AgentFactory, Built, build_agent
+from rllm.integrations.strands.teams import record_built
 from rllm.integrations.strands.traced import ServedPolicy, run_factory_built
 from rllm.tracing.policy_server import PolicyServer
 from rllm.types import TerminationReason

@@ -34,9 +34,9 @@ from rllm.integrations.strands.rollout import (
     FinishedRollout,
     build_agent,
     built_agents,
-    record_built,
     silence_printing,
 )
+from rllm.integrations.strands.teams import record_built
 from rllm.integrations.strands.traced import ServedPolicy, run_factory_built
 from rllm.parser import get_tool_parser
 from rllm.rewards.base import score_answer

@@ -24,7 +24,8 @@ from omegaconf import OmegaConf
 
 from rllm.errors import ConfigurationError
 from rllm.integrations.strands import Budget, RLLMModel
-from rllm.integrations.strands.rollout import built_agents, record_built
+from rllm.integrations.strands.rollout import built_agents
+from rllm.integrations.strands.teams import record_built
 from rllm.integrations.strands.traced import check_factory_built
 from rllm.rewards.base import score_answer
 from rllm.tracing.policy_server import API_KEY_ENV, BASE_URL_ENV, MODEL_ENV

@@ -19,7 +19,8 @@ from strands.multiagent import Swarm
 
 from rllm.errors import RolloutWithoutTokensError
 from rllm.integrations.strands import Budget, RLLMModel, record
-from rllm.integrations.strands.rollout import final_answer_text, record_built, run_built, run_rollout
+from rllm.integrations.strands.rollout import final_answer_text, run_rollout
+from rllm.integrations.strands.teams import record_built, run_built
 from rllm.testing.scripted_tokens import ScriptedTokenEngine
 from rllm.types import TerminationReason
 
