@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rllm.engine.rollout.base import ContextLengthExceededError, select_sampling_params
-from rllm.errors import GenerationAbortedError
+from rllm.errors import GenerationAbortedError, ResponseBudgetExhaustedError
 from rllm.parser import CallIdFactory, get_tool_parser
 from rllm.tokens.renderer import ChatRenderer
 from rllm.tokens.trace import TokenTrace
@@ -163,7 +163,8 @@ class TokenEngine(abc.ABC):
         """Extend the session's trace with ``messages``, sample, and parse the answer.
 
         Raises ``GenerationAbortedError`` (infrastructure) when the backend cut the generation. A call
-        that raises, whatever the cause, leaves the session as it found it (``_unwind``).
+        that raises, whatever the cause, leaves the session as it found it (``_unwind``), except a used-up
+        response budget (``ResponseBudgetExhaustedError``), which ends the rollout with its last context kept.
         """
         session = session if session is not None else self.new_session()
         before = _Mark(len(session.samples), len(session.trace.segments), session.messages, session.tools,
@@ -183,6 +184,10 @@ class TokenEngine(abc.ABC):
         started = time.perf_counter()
         try:
             output = await self._generate(prompt_ids, max_new, params, session)
+        except ResponseBudgetExhaustedError:  # the rollout's end, not a failure to retry: the context it extended
+            if len(session.samples) > before.samples:  # stays, so it reads as filling its response (the truncation
+                self._unwind(session, before)  # guard counts it); a sample it started, with nothing sampled, goes
+            raise
         except BaseException:  # cancelled, or any engine error: a retry continues from where this call started
             self._unwind(session, before)
             raise

@@ -145,6 +145,7 @@ async def run_served_rollout(
         finished = dataclasses.replace(finished, end=read_rollout(recorder, served.error), error=served.error)
     _check_samples(finished, served.token_session, session_id)
     session = served.token_session
+    finished.metrics["rewritten_calls"] = float(session.rewritten_calls)
     return dataclasses.replace(finished, token_sessions=[session],
                                generation_seconds=float(getattr(session, "generate_seconds", 0.0)),
                                num_preempted=int(getattr(session, "num_preempted", -1)))
