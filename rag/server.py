@@ -13,38 +13,43 @@ request fields (``k`` overrides ``top_k``, which defaults to 10), each passage's
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import hmac
 import logging
 import os
-import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager
-from typing import Annotated, Any, Literal, Protocol
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any, Protocol
 
 import pydantic_core
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import AfterValidator, BaseModel, ConfigDict, StrictInt, StrictStr, ValidationError, ValidationInfo
-from pydantic_core import PydanticCustomError
+from pydantic import BaseModel, ValidationError
 
 from rag.batcher import Answer, Batcher
 from rag.client import TOKEN_ENV
-from rag.errors import HttpConfigError, Overloaded
+from rag.errors import Overloaded
 from rag.metrics import ServerMetrics
-from rag.serving import HttpLimits, granian_available, serve
+from rag.schemas import (
+    DEFAULT_TOP_K,
+    BatchRetrieveRequest,
+    BatchRetrieveResponse,
+    Passage,
+    RetrieveRequest,
+    RetrieveResponse,
+    body_doc,
+    explain,
+)
+
+__all__ = ["DEFAULT_TOP_K", "BatchRetrieveRequest", "BatchRetrieveResponse", "Passage", "RetrievalApp",
+           "RetrieveRequest", "RetrieveResponse", "RetrieverLike", "ServerSettings", "create_app", "main",
+           "token_from_env"]
 
 logger = logging.getLogger(__name__)
 
 _OPEN_PATHS = frozenset({"/health", "/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect"})
-_LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 _LEGACY_TOKEN_ENV = "RAG_TOKEN"
-_SWITCH_INTERVAL_MS = 5.0
-DEFAULT_TOP_K = 10
-"""Passages for a request that names no ``top_k`` (rLLM's default), or ``max_top_k`` where that is lower."""
 
 
 class ServerSettings(BaseModel):
@@ -89,103 +94,6 @@ class RetrieverLike(Protocol):
     def describe(self) -> dict[str, Any]: ...
 
 
-# ----------------------------------------------------------------------------- request / response models
-def _limits(info: ValidationInfo) -> dict[str, int]:
-    return info.context or {}
-
-
-def _check_query(value: str, info: ValidationInfo) -> str:
-    if not value.strip():
-        raise PydanticCustomError("empty_query", "must not be empty or whitespace")
-    limit = _limits(info).get("max_query_chars", 2048)
-    if len(value) > limit:
-        raise PydanticCustomError("query_too_long", "is {length} characters long; the limit is {limit}",
-                                  {"length": len(value), "limit": limit})
-    return value
-
-
-def _check_top_k(value: int, info: ValidationInfo) -> int:
-    limit = _limits(info).get("max_top_k", 100)
-    if not 1 <= value <= limit:
-        raise PydanticCustomError("top_k_range", "must be between 1 and {limit} (got {value})",
-                                  {"limit": limit, "value": value})
-    return value
-
-
-def _check_count(value: list[str], info: ValidationInfo) -> list[str]:
-    limit = _limits(info).get("max_batch_queries", 256)
-    if not value:
-        raise PydanticCustomError("no_queries", "must hold at least one query")
-    if len(value) > limit:
-        raise PydanticCustomError("too_many_queries", "holds {count} queries; the limit is {limit}",
-                                  {"count": len(value), "limit": limit})
-    return value
-
-
-Query = Annotated[StrictStr, AfterValidator(_check_query)]
-TopK = Annotated[StrictInt, AfterValidator(_check_top_k)]
-
-
-class RetrieveRequest(BaseModel):
-    """``POST /retrieve`` body; ``k`` (rLLM's name) overrides ``top_k`` when given. Other fields are a 422."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    query: Query
-    top_k: TopK = DEFAULT_TOP_K
-    k: TopK | None = None
-
-    def passages_wanted(self, default: int) -> int:
-        """``k``, else ``top_k`` when the request gave it, else ``default``."""
-        if self.k is not None:
-            return self.k
-        return self.top_k if "top_k" in self.model_fields_set else default
-
-
-class BatchRetrieveRequest(BaseModel):
-    """``POST /batch_retrieve`` body. Other fields are a 422."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    queries: Annotated[list[Query], AfterValidator(_check_count)]
-    top_k: TopK = DEFAULT_TOP_K
-
-    def passages_wanted(self, default: int) -> int:
-        """``top_k`` when the request gave it, else ``default``."""
-        return self.top_k if "top_k" in self.model_fields_set else default
-
-
-class Passage(BaseModel):
-    """One search hit; ``score`` is the inner product (cosine for normalised encoders).
-
-    ``contents`` is the text without its title; ``content`` is the whole text as the corpus holds it
-    (wiki-18's quoted title line included), the field rLLM's server and its clients use.
-    """
-
-    id: str
-    title: str
-    contents: str
-    content: str
-    score: float
-
-
-class RetrieveResponse(BaseModel):
-    """``POST /retrieve`` answer; ``method`` and ``num_results`` as rLLM's server sends them."""
-
-    query: str
-    top_k: int
-    method: str
-    num_results: int
-    results: list[Passage]
-
-
-class BatchRetrieveResponse(BaseModel):
-    """``POST /batch_retrieve`` answer: ``results[i]`` answers ``queries[i]``."""
-
-    top_k: int
-    results: list[list[Passage]]
-
-
 class _ApiError(Exception):
     def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
@@ -194,29 +102,8 @@ class _ApiError(Exception):
         self.headers = headers
 
 
-def _explain(error: ValidationError, model: type[BaseModel]) -> tuple[int, str]:
-    """One status and one readable line for a failed validation of a ``model`` body."""
-    parts = []
-    for e in error.errors(include_url=False):
-        if e["type"] == "json_invalid":
-            return 400, f"invalid JSON: {e.get('ctx', {}).get('error', e['msg'])}"
-        if not e["loc"]:
-            return 422, f"request body must be a JSON object ({e['msg']})"
-        loc = ".".join(str(part) for part in e["loc"])
-        if e["type"] == "extra_forbidden":
-            parts.append(f"{loc}: unknown field (the fields are {', '.join(model.model_fields)})")
-        else:
-            parts.append(f"{loc}: {e['msg']}")
-    return 422, "; ".join(parts)
-
-
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"detail": message}, status_code=status, headers=headers)
-
-
-def _body_doc(model: type[BaseModel]) -> dict[str, Any]:
-    return {"requestBody": {"required": True,
-                            "content": {"application/json": {"schema": model.model_json_schema()}}}}
 
 
 # ----------------------------------------------------------------------------- ASGI guard (auth + body size)
@@ -358,85 +245,93 @@ class RetrievalApp:
 
 
 # ----------------------------------------------------------------------------- app
-def create_app(retriever: RetrieverLike, settings: ServerSettings | None = None) -> RetrievalApp:
-    """The ASGI app serving ``retriever``; state lives on ``app.state`` (``batcher``, ``metrics``)."""
-    settings = settings or ServerSettings()
-    metrics = ServerMetrics()
-    batcher = Batcher(retriever.search, max_batch_size=settings.max_batch_size, max_queue=settings.max_queue,
-                      cache_passages=settings.cache_passages, retry_after=settings.retry_after,
-                      workers=getattr(retriever, "workers", 1), on_batch=metrics.record_batch)
-    limits = {"max_query_chars": settings.max_query_chars, "max_top_k": settings.max_top_k,
-              "max_batch_queries": settings.max_batch_queries}
-    default_top_k = min(DEFAULT_TOP_K, settings.max_top_k)
-    started = time.time()
-    about = retriever.describe()
-    gpus = [d for d in about.get("index", {}).get("devices", []) if d.startswith("cuda")]
-    index_type = f"dense_gpu_{len(gpus)}" if gpus else "dense_cpu"  # rLLM's /health field
-    method = f"{index_type}_batched" if gpus else "dense_batched"  # rLLM's /retrieve field
-    method_json = pydantic_core.to_json(method)
+def _lifespan(batcher: Batcher, drain_timeout: float) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """The app's lifespan: at shutdown the batcher answers the work in flight, then stops."""
 
     @asynccontextmanager
-    async def lifespan(_app: FastAPI):  # noqa: ANN202
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         yield
-        await batcher.drain(settings.drain_timeout)
+        await batcher.drain(drain_timeout)
         batcher.close()
 
-    app = FastAPI(title="rllm retrieval service", version="1.0", lifespan=lifespan,
-                  description="Dense passage retrieval (FAISS + sentence-transformers) with automatic batching.")
-    app.state.batcher = batcher
-    app.state.metrics = metrics
-    app.state.settings = settings
+    return lifespan
 
-    @app.exception_handler(_ApiError)
-    async def _api_error(_request: Request, error: _ApiError) -> JSONResponse:
-        metrics.errors[error.status] += 1
-        return _error(error.status, error.message, error.headers)
 
-    def parse(model: type[BaseModel], body: bytes) -> Any:
+def _index_kind(about: dict[str, Any]) -> tuple[list[str], str]:
+    """The index's GPUs and rLLM's ``index_type`` for it (``dense_gpu_N`` or ``dense_cpu``)."""
+    gpus = [d for d in about.get("index", {}).get("devices", []) if d.startswith("cuda")]
+    return gpus, f"dense_gpu_{len(gpus)}" if gpus else "dense_cpu"
+
+
+class _Endpoints:
+    """The two POST routes as body bytes in, JSON bytes out: ``RetrievalApp`` answers them without FastAPI."""
+
+    def __init__(self, batcher: Batcher, metrics: ServerMetrics, limits: dict[str, int], default_top_k: int,
+                 method: str) -> None:
+        self.batcher = batcher
+        self.metrics = metrics
+        self.limits = limits
+        self.default_top_k = default_top_k
+        self.method_json = pydantic_core.to_json(method)  # rLLM's /retrieve field
+
+    def _parse(self, model: type[BaseModel], body: bytes) -> Any:
         try:
-            return model.model_validate_json(body, context=limits)
+            return model.model_validate_json(body, context=self.limits)
         except ValidationError as e:
-            raise _ApiError(*_explain(e, model)) from None
+            raise _ApiError(*explain(e, model)) from None
 
-    async def run(queries: list[str], top_k: int) -> list[Answer]:
+    async def _run(self, queries: list[str], top_k: int) -> list[Answer]:
         try:
-            return await batcher.answers([q.strip() for q in queries], top_k)
+            return await self.batcher.answers([q.strip() for q in queries], top_k)
         except Overloaded as e:
             raise _ApiError(503, str(e), {"Retry-After": str(e.retry_after)}) from None
         except Exception as e:  # the batcher logged the traceback
             raise _ApiError(500, f"retrieval failed: {type(e).__name__}: {e}") from None
 
-    async def retrieve_bytes(body: bytes) -> bytes:
-        metrics.requests["retrieve"] += 1
+    async def retrieve(self, body: bytes) -> bytes:
+        """``POST /retrieve``: top-k passages for one query."""
+        self.metrics.requests["retrieve"] += 1
         start = time.perf_counter()
-        req = parse(RetrieveRequest, body)
-        top_k = req.passages_wanted(default_top_k)
-        answer = (await run([req.query], top_k))[0]
-        metrics.record_latency(time.perf_counter() - start)
+        req = self._parse(RetrieveRequest, body)
+        top_k = req.passages_wanted(self.default_top_k)
+        answer = (await self._run([req.query], top_k))[0]
+        self.metrics.record_latency(time.perf_counter() - start)
         return b'{"query":%b,"top_k":%d,"method":%b,"num_results":%d,"results":%b}' % (
-            pydantic_core.to_json(req.query), top_k, method_json, len(answer.results), answer.json)
+            pydantic_core.to_json(req.query), top_k, self.method_json, len(answer.results), answer.json)
 
-    async def batch_retrieve_bytes(body: bytes) -> bytes:
-        metrics.requests["batch_retrieve"] += 1
+    async def batch_retrieve(self, body: bytes) -> bytes:
+        """``POST /batch_retrieve``: top-k passages for each of several queries, in order."""
+        self.metrics.requests["batch_retrieve"] += 1
         start = time.perf_counter()
-        req = parse(BatchRetrieveRequest, body)
-        top_k = req.passages_wanted(default_top_k)
-        answers = await run(req.queries, top_k)
-        metrics.record_latency(time.perf_counter() - start)
+        req = self._parse(BatchRetrieveRequest, body)
+        top_k = req.passages_wanted(self.default_top_k)
+        answers = await self._run(req.queries, top_k)
+        self.metrics.record_latency(time.perf_counter() - start)
         return b'{"top_k":%d,"results":[%b]}' % (top_k, b",".join(a.json for a in answers))
 
 
-    @app.post("/retrieve", response_model=RetrieveResponse, openapi_extra=_body_doc(RetrieveRequest),
+def _add_post_routes(app: FastAPI, endpoints: _Endpoints) -> None:
+    """The two POST routes on ``app``, for the API docs and for callers that reach the FastAPI app itself."""
+
+    @app.post("/retrieve", response_model=RetrieveResponse, openapi_extra=body_doc(RetrieveRequest),
               responses={400: {}, 401: {}, 408: {}, 413: {}, 422: {}, 503: {}})
     async def retrieve(request: Request) -> Response:
         """Top-k passages for one query."""
-        return Response(await retrieve_bytes(await request.body()), media_type="application/json")
+        return Response(await endpoints.retrieve(await request.body()), media_type="application/json")
 
-    @app.post("/batch_retrieve", response_model=BatchRetrieveResponse, openapi_extra=_body_doc(BatchRetrieveRequest),
+    @app.post("/batch_retrieve", response_model=BatchRetrieveResponse, openapi_extra=body_doc(BatchRetrieveRequest),
               responses={400: {}, 401: {}, 408: {}, 413: {}, 422: {}, 503: {}})
     async def batch_retrieve(request: Request) -> Response:
         """Top-k passages for each of several queries, in order."""
-        return Response(await batch_retrieve_bytes(await request.body()), media_type="application/json")
+        return Response(await endpoints.batch_retrieve(await request.body()), media_type="application/json")
+
+
+def _add_status_routes(app: FastAPI, retriever: RetrieverLike, about: dict[str, Any], started: float) -> None:
+    """``/health``, ``/metrics`` and ``/stats`` on ``app``, reading its state (batcher, metrics, settings)."""
+    batcher: Batcher = app.state.batcher
+    metrics: ServerMetrics = app.state.metrics
+    settings: ServerSettings = app.state.settings
+    gpus, index_type = _index_kind(about)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -452,7 +347,8 @@ def create_app(retriever: RetrieverLike, settings: ServerSettings | None = None)
             "embedding_device": about.get("encoder", {}).get("device"),
             "batching": {"max_batch_size": settings.max_batch_size, "max_queue": settings.max_queue,
                          "cache_passages": settings.cache_passages, "workers": batcher.workers, "timeout_ms": 0.0},
-            "limits": {**limits, "max_body_bytes": settings.max_body_bytes, "body_timeout": settings.body_timeout},
+            "limits": {**_request_limits(settings), "max_body_bytes": settings.max_body_bytes,
+                       "body_timeout": settings.body_timeout},
             "auth": settings.token is not None,
             "stats": ServerMetrics.batching_stats(batcher),
             "pid": os.getpid(),
@@ -471,13 +367,46 @@ def create_app(retriever: RetrieverLike, settings: ServerSettings | None = None)
         metrics.requests["stats"] += 1
         return ServerMetrics.batching_stats(batcher)
 
+
+def _request_limits(settings: ServerSettings) -> dict[str, int]:
+    """The limits a request body is validated against (the validation context of ``rag.schemas``)."""
+    return {"max_query_chars": settings.max_query_chars, "max_top_k": settings.max_top_k,
+            "max_batch_queries": settings.max_batch_queries}
+
+
+def create_app(retriever: RetrieverLike, settings: ServerSettings | None = None) -> RetrievalApp:
+    """The ASGI app serving ``retriever``; state lives on ``app.state`` (``batcher``, ``metrics``)."""
+    settings = settings or ServerSettings()
+    metrics = ServerMetrics()
+    batcher = Batcher(retriever.search, max_batch_size=settings.max_batch_size, max_queue=settings.max_queue,
+                      cache_passages=settings.cache_passages, retry_after=settings.retry_after,
+                      workers=getattr(retriever, "workers", 1), on_batch=metrics.record_batch)
+    started = time.time()
+    about = retriever.describe()
+    gpus, index_type = _index_kind(about)
+    endpoints = _Endpoints(batcher, metrics, _request_limits(settings), min(DEFAULT_TOP_K, settings.max_top_k),
+                           method=f"{index_type}_batched" if gpus else "dense_batched")
+
+    app = FastAPI(title="rllm retrieval service", version="1.0", lifespan=_lifespan(batcher, settings.drain_timeout),
+                  description="Dense passage retrieval (FAISS + sentence-transformers) with automatic batching.")
+    app.state.batcher = batcher
+    app.state.metrics = metrics
+    app.state.settings = settings
+
+    @app.exception_handler(_ApiError)
+    async def _api_error(_request: Request, error: _ApiError) -> JSONResponse:
+        metrics.errors[error.status] += 1
+        return _error(error.status, error.message, error.headers)
+
+    _add_post_routes(app, endpoints)
+    _add_status_routes(app, retriever, about, started)
     # RetrievalApp answers the two POSTs itself (see its ``fast``); the routes above document them.
     return RetrievalApp(app, max_body_bytes=settings.max_body_bytes, token=settings.token, metrics=metrics,
                         body_timeout=settings.body_timeout,
-                        fast={"/retrieve": retrieve_bytes, "/batch_retrieve": batch_retrieve_bytes})
+                        fast={"/retrieve": endpoints.retrieve, "/batch_retrieve": endpoints.batch_retrieve})
 
 
-# ----------------------------------------------------------------------------- CLI
+# ----------------------------------------------------------------------------- command line
 def token_from_env(environ: Mapping[str, str] | None = None) -> str | None:
     """The bearer token from ``RETRIEVAL_TOKEN``, the variable the client reads too.
 
@@ -496,121 +425,11 @@ def token_from_env(environ: Mapping[str, str] | None = None) -> str | None:
     return token
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m rag.server", description=__doc__.split("\n\n")[0])
-    p.add_argument("--index-dir", required=True, help="directory with manifest.json, the index and the corpus")
-    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; 0.0.0.0 exposes it)")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--token", default=None,
-                   help=f"bearer token required on every route but /health and the docs (default: the environment "
-                        f"variable {TOKEN_ENV}, which the local_search tool reads too; none if unset). Prefer the "
-                        f"variable: a token given here is shown by ps to every user of the machine")
-    g = p.add_argument_group("index placement")
-    g.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto")
-    g.add_argument("--gpus", default=None, help="comma-separated GPU ids (default: all visible)")
-    g.add_argument("--replicate", action="store_true", help="copy the index to every GPU instead of sharding it")
-    g.add_argument("--no-fp16", action="store_true", help="keep float32 vectors on the GPU")
-    g.add_argument("--search-backend", choices=["auto", "faiss", "torch"], default="auto",
-                   help="auto: faiss-gpu where it loads, else torch exact flat search on the GPUs; torch forces it")
-    g.add_argument("--torch-chunk-mb", type=int, default=1024, help="torch search: score-matrix budget per chunk")
-    g.add_argument("--temp-memory-mb", type=int, default=None, help="FAISS scratch memory per GPU")
-    g.add_argument("--nprobe", type=int, default=None, help="IVF lists probed per query")
-    g.add_argument("--ef-search", type=int, default=None, help="HNSW search breadth")
-    g.add_argument("--mmap-index", action="store_true", help="memory-map a CPU index file instead of reading it")
-    g.add_argument("--threads", type=int, default=None,
-                   help="CPU threads for the encoder and FAISS, per worker (default: all of them for a search "
-                        "running alone, split between searches running side by side)")
-    g.add_argument("--query-batch-size", type=int, default=None,
-                   help="queries per encoder forward, sorted by length so each forward pads little (default: "
-                        "16 on CPU, 32 with --no-trace-encoder, the whole batch on a GPU; 0: the whole batch)")
-    g.add_argument("--workers", type=int, default=None,
-                   help="batches computed side by side, each on its own thread with its share of the CPU threads "
-                        "(default: 2 on a CPU with 2+ cores, 1 on a GPU)")
-    g.add_argument("--trace-encoder", action=argparse.BooleanOptionalAction, default=None,
-                   help="run the encoder's forward as a TorchScript trace, checked against the eager one at load "
-                        "(default: on CPU, where it frees the GIL for the event loop; eager on a GPU)")
-    g.add_argument("--switch-interval-ms", type=float, default=_SWITCH_INTERVAL_MS,
-                   help="Python's GIL switch interval: how long the compute thread may wait for the GIL while "
-                        "the event loop holds it, at every torch op boundary (Python's default is 5)")
-    b = p.add_argument_group("batching and limits")
-    defaults = ServerSettings()
-    for name in ("max_batch_size", "max_queue", "cache_passages", "max_top_k", "max_query_chars",
-                 "max_batch_queries", "max_body_bytes", "retry_after"):
-        b.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
-    b.add_argument("--drain-timeout", type=float, default=defaults.drain_timeout)
-    h = p.add_argument_group("HTTP limits (slow, silent and oversized clients)")
-    http = HttpLimits()
-    h.add_argument("--http-server", choices=["granian", "uvicorn"], default="granian",
-                   help="granian (default: header read timeout, bounded heads, connection cap) or uvicorn "
-                        "(h11; no header read timeout)")
-    h.add_argument("--header-timeout", type=float, default=http.header_timeout,
-                   help="seconds to receive a complete request head; closes silent and idle connections too")
-    h.add_argument("--body-timeout", type=float, default=defaults.body_timeout,
-                   help="seconds to receive the whole body after the head (408 after)")
-    h.add_argument("--max-header-bytes", type=int, default=http.max_header_bytes,
-                   help="largest request head (431 above; at least 8192)")
-    h.add_argument("--max-connections", type=int, default=http.max_connections,
-                   help="connections served at once; more wait in the listen backlog")
-    h.add_argument("--backlog", type=int, default=http.backlog, help="listen backlog")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    p.add_argument("--access-log", action="store_true", help="log every request (slower)")
-    return p
-
-
-def _in_a_passing_thread(work: Callable[[], Any]) -> Any:
-    """``work()`` run in a thread that ends with it.
-
-    OpenMP (torch's and FAISS's) keeps a team of helper threads for every thread that ran a parallel
-    region, for as long as that thread lives. Left on the main thread, which goes on as the event loop,
-    the loading and warm-up's teams count against the cores, and libgomp then spins less before its
-    helpers sleep: every lone query pays the wake-ups (~1.5 ms here). A thread's teams go with it.
-    """
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rag-load") as pool:
-        return pool.submit(work).result()
-
-
 def main(argv: list[str] | None = None) -> None:
-    """Load the index named on the command line and serve it until SIGINT/SIGTERM."""
-    from rag.index import IndexOptions
-    from rag.retriever import Retriever
+    """Load the index named on the command line and serve it until SIGINT/SIGTERM (``rag.cli.main``)."""
+    from rag.cli import main as cli_main
 
-    args = _parser().parse_args(argv)
-    limits = HttpLimits(header_timeout=args.header_timeout, max_header_bytes=args.max_header_bytes,
-                        max_connections=args.max_connections, backlog=args.backlog)
-    try:
-        limits.check()
-    except HttpConfigError as e:
-        _parser().error(str(e))
-    if args.http_server == "granian" and not granian_available():
-        _parser().error("granian is not installed (pip install -e '.[rag]'); or pass --http-server uvicorn")
-    sys.setswitchinterval(args.switch_interval_ms / 1e3)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.token:
-        logger.warning("--token puts the token in the process table, where any user of this machine sees it with ps; "
-                       "set %s instead", TOKEN_ENV)
-    options = IndexOptions(device=args.device, gpus=[int(g) for g in args.gpus.split(",")] if args.gpus else None,
-                           shard=not args.replicate, fp16=not args.no_fp16, temp_memory_mb=args.temp_memory_mb,
-                           nprobe=args.nprobe, ef_search=args.ef_search, threads=args.threads,
-                           search_backend=args.search_backend, torch_chunk_mb=args.torch_chunk_mb)
-    query_batch_size: int | None | Literal["auto"] = (
-        "auto" if args.query_batch_size is None else args.query_batch_size or None)
-
-    def load() -> Retriever:
-        retriever = Retriever.load(args.index_dir, options, threads=args.threads, mmap_index=args.mmap_index,
-                                   query_batch_size=query_batch_size,
-                                   workers=args.workers or "auto", trace_encoder=args.trace_encoder)
-        retriever.search(["warm-up query"], 1)
-        return retriever
-
-    retriever = _in_a_passing_thread(load)
-    token = args.token or token_from_env()
-    settings = ServerSettings(token=token, drain_timeout=args.drain_timeout, body_timeout=args.body_timeout, **{
-        k: getattr(args, k) for k in ("max_batch_size", "max_queue", "cache_passages", "max_top_k", "max_query_chars",
-                                      "max_batch_queries", "max_body_bytes", "retry_after")})
-    if args.host not in _LOOPBACK and token is None:
-        logger.warning("serving on %s without a bearer token: anyone who can reach the port can query", args.host)
-    serve(create_app(retriever, settings), args.host, args.port, limits, server=args.http_server,
-          log_level=args.log_level, access_log=args.access_log, drain_timeout=args.drain_timeout)
+    cli_main(argv)
 
 
 if __name__ == "__main__":

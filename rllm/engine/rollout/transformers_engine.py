@@ -26,8 +26,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+from transformers.cache_utils import DynamicCache
 
+from rllm.engine.rollout._kv_cache import BatchCache, cache_layers, left_pad
 from rllm.engine.rollout.token_engine import TokenEngine, TokenOutput, TokenSession
 from rllm.errors import EngineError
 
@@ -150,69 +151,6 @@ def _hand_back(request: _Request, result: TokenOutput | BaseException) -> None:
         logger.debug("dropped the result of a request whose event loop is closed")
 
 
-class _RoomyLayer(DynamicLayer):
-    """A ``DynamicLayer`` that writes new keys and values into room left at its end.
-
-    ``DynamicLayer`` concatenates on every update, copying the whole cache once per decode step
-    (half the time of a batched step on CPU); this layer copies only the new token, and grows
-    only when its room runs out. ``keys`` and ``values`` are views of the filled part.
-    """
-
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, room: int) -> None:
-        super().__init__()
-        self.dtype, self.device = keys.dtype, keys.device
-        self.is_initialized = True
-        self._length = keys.shape[-2]
-        self._keys = self._allocate(keys, self._length + room)
-        self._values = self._allocate(values, self._length + room)
-        self._expose()
-
-    @staticmethod
-    def _allocate(filled: torch.Tensor, capacity: int) -> torch.Tensor:
-        batch, heads, length, dim = filled.shape
-        buffer = filled.new_zeros((batch, heads, capacity, dim))
-        buffer[:, :, :length] = filled
-        return buffer
-
-    def _expose(self) -> tuple[torch.Tensor, torch.Tensor]:
-        self.keys = keys = self._keys[:, :, : self._length]
-        self.values = values = self._values[:, :, : self._length]
-        return keys, values
-
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        end = self._length + key_states.shape[-2]
-        if end > self._keys.shape[-2]:
-            capacity = end + max(64, end // 4)
-            self._keys = self._allocate(self._keys[:, :, : self._length], capacity)
-            self._values = self._allocate(self._values[:, :, : self._length], capacity)
-        self._keys[:, :, self._length : end] = key_states
-        self._values[:, :, self._length : end] = value_states
-        self._length = end
-        return self._expose()
-
-    def get_seq_length(self) -> int:
-        return self._length
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self._keys = self._keys[indices]
-        self._values = self._values[indices]
-        self._expose()
-
-
-class _BatchCache(DynamicCache):
-    """The running batch's ``DynamicCache``, built from each layer's (keys, values) with ``room`` tokens to spare."""
-
-    def __init__(self, layers: list[tuple[torch.Tensor, torch.Tensor]], room: int) -> None:
-        Cache.__init__(self, layers=[_RoomyLayer(keys, values, room) for keys, values in layers])
-
-
-def _cache_layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Each layer's (keys, values), shaped ``[batch, kv_heads, length, head_dim]``."""
-    return [(layer.keys, layer.values) for layer in cache.layers]
-
-
 def _shared_prefix(requests: list[_Request]) -> int:
     """Length of the prefix all prompts share, leaving each prompt at least its last token."""
     first = requests[0].prompt_ids
@@ -229,34 +167,25 @@ def _room(requests: list[_Request]) -> int:
     return max(r.max_new_tokens - len(r.token_ids) for r in requests)
 
 
-def _left_pad(tensor: torch.Tensor, length: int, dim: int) -> torch.Tensor:
-    """``tensor`` with zeros prepended along ``dim`` up to ``length``."""
-    missing = length - tensor.shape[dim]
-    if missing <= 0:
-        return tensor
-    pad = [0, 0] * (tensor.dim() - 1 - dim % tensor.dim()) + [missing, 0]
-    return F.pad(tensor, pad)
-
-
 def _merge(batch: _Batch | None, new: _Batch) -> _Batch:
     """One batch of ``batch``'s rows then ``new``'s, the shorter side left-padded to the longer."""
     if batch is None:
-        if isinstance(new.cache, _BatchCache):
+        if isinstance(new.cache, BatchCache):
             return new
-        return _Batch(new.requests, _BatchCache(_cache_layers(new.cache), _room(new.requests)), new.attention_mask,
+        return _Batch(new.requests, BatchCache(cache_layers(new.cache), _room(new.requests)), new.attention_mask,
                       new.last_tokens)
     length = max(batch.attention_mask.shape[1], new.attention_mask.shape[1])
     layers = [
-        (torch.cat([_left_pad(k1, length, -2), _left_pad(k2, length, -2)]),
-         torch.cat([_left_pad(v1, length, -2), _left_pad(v2, length, -2)]))
-        for (k1, v1), (k2, v2) in zip(_cache_layers(batch.cache), _cache_layers(new.cache), strict=True)
+        (torch.cat([left_pad(k1, length, -2), left_pad(k2, length, -2)]),
+         torch.cat([left_pad(v1, length, -2), left_pad(v2, length, -2)]))
+        for (k1, v1), (k2, v2) in zip(cache_layers(batch.cache), cache_layers(new.cache), strict=True)
     ]
     requests = batch.requests + new.requests
     return _Batch(
         requests=requests,
-        cache=_BatchCache(layers, _room(requests)),
+        cache=BatchCache(layers, _room(requests)),
         attention_mask=torch.cat(
-            [_left_pad(batch.attention_mask, length, -1), _left_pad(new.attention_mask, length, -1)]
+            [left_pad(batch.attention_mask, length, -1), left_pad(new.attention_mask, length, -1)]
         ),
         last_tokens=torch.cat([batch.last_tokens, new.last_tokens]),
     )
@@ -276,7 +205,7 @@ def _keep_rows(batch: _Batch, keep: list[int]) -> _Batch | None:
         batch.cache.batch_select_indices(index)
         cache = batch.cache
     else:
-        cache = _BatchCache([(k[index, :, start:], v[index, :, start:]) for k, v in _cache_layers(batch.cache)],
+        cache = BatchCache([(k[index, :, start:], v[index, :, start:]) for k, v in cache_layers(batch.cache)],
                             _room(requests))
         mask = mask[:, start:]
     return _Batch(requests=requests, cache=cache, attention_mask=mask, last_tokens=batch.last_tokens[index])
@@ -529,8 +458,8 @@ class TransformersEngine(TokenEngine):
             if out is None:
                 return batch
             suffix_room = max(len(r.prompt_ids) for r in requests) - shared
-            cache = _BatchCache(
-                [(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in _cache_layers(cache)],
+            cache = BatchCache(
+                [(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in cache_layers(cache)],
                 suffix_room + _room(requests),
             )
             prefix_mask = torch.ones((rows, shared), dtype=torch.long, device=device)
