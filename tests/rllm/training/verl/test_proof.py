@@ -7,6 +7,7 @@ run through verl's trainer on a tiny configuration is the quickstart's test
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from typing import Any
@@ -20,6 +21,7 @@ os.environ.setdefault("OTEL_SDK_DISABLED", "true")
 from rllm.agents.lookup import LOOKUP_BUDGET, LOOKUP_SYSTEM_PROMPT, LookupWorld  # noqa: E402
 from rllm.training.local.proof import ProofConfig  # noqa: E402
 from rllm.training.verl.cpu import CPU_OVERRIDES  # noqa: E402
+from rllm.training.verl.guards import GuardSettings  # noqa: E402
 from rllm.training.verl.proof import RECIPE, verl_overrides, write_lookup_rows  # noqa: E402
 from rllm.training.verl.train import CONFIG_DIR, prepare_config, validate  # noqa: E402
 
@@ -112,9 +114,7 @@ def test_every_lookup_recipe_key_is_a_verl_key_or_one_the_loop_reads() -> None:
         "reward.custom_reward_function.reward_kwargs.scorer",  # rllm.training.verl.reward.compute_score
         "data.apply_chat_template_kwargs.enable_thinking",  # the chat template (RLHFDataset, StrandsAgentLoop)
         "actor_rollout_ref.rollout.agent.agent_loop_manager_class",  # verl's TaskRunnerV1 (RolloutConfig)
-        *(f"rllm.guards.{k}" for k in ("max_logprob_gap", "logprob_audit_rollouts", "min_rollouts_per_group",
-                                       "max_truncated_share", "max_steps_without_signal", "warn_on_tool_collapse",
-                                       "served_weights")),
+        *(f"rllm.guards.{f.name}" for f in dataclasses.fields(GuardSettings)),  # the recipe names every guard
         "rllm.max_infra_failure_share",
         *(f"rllm.agent_loop.{k}" for k in ("tool_factory", "agent_factory", "tool_kwargs.world_size",
                                            "tool_kwargs.seed", "system_prompt", "budget", "timeout_s",
