@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from strands import tool
+from fixtures.strands_agents import lookups_then_answer
 from strands.agent.conversation_manager import SlidingWindowConversationManager, SummarizingConversationManager
 
 from rllm.integrations.strands import RLLMModel, StrandsAgent
@@ -22,26 +22,6 @@ from rllm.testing.scripted_tokens import ScriptedTokenEngine
 from rllm.types import Trajectory
 
 SYSTEM = "Look things up, then answer with \\boxed{}."
-
-
-def lookups_then_answer(lookups: int, result_chars: int = 5):
-    """A policy that calls ``lookup`` ``lookups`` times (counting its own calls), then answers; and the tool."""
-    made: list[str] = []
-
-    def script(prompt: str) -> str:
-        if "Please summarize this conversation." in prompt.rsplit("<|im_start|>user", 1)[-1]:
-            return "Summary: I looked keys up."
-        if len(made) < lookups:
-            made.append(f"k{len(made)}")
-            return f'<tool_call>\n{{"name": "lookup", "arguments": {{"key": "{made[-1]}"}}}}\n</tool_call>'
-        return "\\boxed{done}"
-
-    @tool
-    def lookup(key: str) -> str:
-        """Look a key up."""
-        return f"value of {key}: " + " ".join(f"w{i}" for i in range(result_chars))
-
-    return script, lookup
 
 
 def windowed_agent(tokenizer: Any, lookups: int, window: int) -> tuple[ScriptedTokenEngine, StrandsAgent]:

@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from strands import Agent, tool
+from fixtures.strands_agents import lookups_then_answer
+from strands import Agent
 from strands.agent.conversation_manager import SummarizingConversationManager
 from strands.hooks import AfterModelCallEvent, HookProvider, HookRegistry
 from strands.multiagent import GraphBuilder
@@ -27,24 +28,6 @@ from rllm.types import Trajectory
 
 SYSTEM = "Look things up, then answer with \\boxed{}."
 SUMMARY = "Summary: I looked keys up."
-
-
-def lookups_then_answer(lookups: int, result_chars: int = 5) -> tuple[Any, Any]:
-    """A policy that calls ``lookup`` ``lookups`` times (counting its own calls), then answers; and the tool."""
-    made: list[str] = []
-
-    def script(prompt: str) -> str:
-        if len(made) < lookups:
-            made.append(f"k{len(made)}")
-            return f'<tool_call>\n{{"name": "lookup", "arguments": {{"key": "{made[-1]}"}}}}\n</tool_call>'
-        return "\\boxed{done}"
-
-    @tool
-    def lookup(key: str) -> str:
-        """Look a key up."""
-        return f"value of {key}: " + " ".join(f"w{i}" for i in range(result_chars))
-
-    return script, lookup
 
 
 class _CountingEngine(ScriptedTokenEngine):
