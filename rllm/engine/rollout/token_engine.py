@@ -81,6 +81,27 @@ class TokenSession:
         elif self.samples[-1] is not self.trace:
             raise ValueError("TokenSession: trace must be the last of samples")
 
+    def mark(self) -> SessionMark:
+        """Where the session stands now, for ``rewind``."""
+        return SessionMark(len(self.samples), len(self.trace.segments), self.messages, self.tools, self.calls,
+                           self.rewritten_calls)
+
+    def rewind(self, mark: SessionMark) -> None:
+        """Go back to ``mark``: undo what one call appended (a failed call's prompt, a discarded answer).
+
+        A sample started since is removed again, and the call is not counted; a first prompt stays
+        (the trace keeps its prompt).
+        """
+        if len(self.samples) > mark.samples:
+            del self.samples[mark.samples:]
+            self.trace = self.samples[-1]
+        self.calls, self.rewritten_calls = mark.calls, mark.rewritten_calls
+        if mark.segments:
+            self.trace.truncate(mark.segments)
+            self.messages, self.tools = mark.messages, mark.tools
+        else:
+            self.trace.truncate(min(1, len(self.trace.segments)))
+
     def start_sample(self) -> TokenTrace:
         """Begin a new sample (a rewritten history): an empty trace that becomes ``trace``."""
         self.trace = TokenTrace(require_logprobs=self.trace.require_logprobs)
@@ -95,8 +116,8 @@ class TokenSession:
 
 
 @dataclass(frozen=True)
-class _Mark:
-    """Where a session stood before a call: what ``TokenEngine._unwind`` restores when the call fails."""
+class SessionMark:
+    """Where a session stood before a call: what ``TokenSession.rewind`` restores."""
 
     samples: int
     segments: int
@@ -163,18 +184,18 @@ class TokenEngine(abc.ABC):
         """Extend the session's trace with ``messages``, sample, and parse the answer.
 
         Raises ``GenerationAbortedError`` (infrastructure) when the backend cut the generation. A call
-        that raises, whatever the cause, leaves the session as it found it (``_unwind``), except a used-up
-        response budget (``ResponseBudgetExhaustedError``), which ends the rollout with its last context kept.
+        that raises, whatever the cause, leaves the session as it found it (``TokenSession.rewind``),
+        except a used-up response budget (``ResponseBudgetExhaustedError``), which ends the rollout with
+        its last context kept.
         """
         session = session if session is not None else self.new_session()
-        before = _Mark(len(session.samples), len(session.trace.segments), session.messages, session.tools,
-                       session.calls, session.rewritten_calls)
+        before = session.mark()
         self._extend_prompt(session, messages, tools)
         trace = session.trace
         params, _ = select_sampling_params({**self.default_sampling, **sampling})
         room = self.context_length - len(trace)
         if room <= 0:
-            self._unwind(session, before)  # nothing was sampled: the caller may reduce the history and retry
+            session.rewind(before)  # nothing was sampled: the caller may reduce the history and retry
             raise ContextLengthExceededError(
                 f"prompt of {len(trace)} tokens fills the {self.context_length}-token context"
             )
@@ -186,15 +207,15 @@ class TokenEngine(abc.ABC):
             output = await self._generate(prompt_ids, max_new, params, session)
         except ResponseBudgetExhaustedError:  # the rollout's end, not a failure to retry: the context it extended
             if len(session.samples) > before.samples:  # stays, so it reads as filling its response (the truncation
-                self._unwind(session, before)  # guard counts it); a sample it started, with nothing sampled, goes
+                session.rewind(before)  # guard counts it); a sample it started, with nothing sampled, goes
             raise
         except BaseException:  # cancelled, or any engine error: a retry continues from where this call started
-            self._unwind(session, before)
+            session.rewind(before)
             raise
         finally:
             session.generate_seconds += time.perf_counter() - started
         if output.finish_reason == "abort":
-            self._unwind(session, before)
+            session.rewind(before)
             raise GenerationAbortedError(
                 f"{type(self).__name__}: the backend aborted the generation of rollout {session.request_id} after "
                 f"{len(output.token_ids)} tokens; the cut text is not parsed, run or trained",
@@ -218,21 +239,6 @@ class TokenEngine(abc.ABC):
             usage={"prompt_tokens": len(prompt_ids), "completion_tokens": len(output.token_ids),
                    "total_tokens": len(prompt_ids) + len(output.token_ids)},
         )
-
-    @staticmethod
-    def _unwind(session: TokenSession, mark: _Mark) -> None:
-        """Undo the prompt extension of a call that sampled nothing (failed, cancelled, aborted, overflowing).
-
-        A sample the call started is removed again, and the call is not counted; a first prompt stays
-        (the trace keeps its prompt).
-        """
-        if len(session.samples) > mark.samples:
-            del session.samples[mark.samples:]
-            session.trace = session.samples[-1]
-        session.calls, session.rewritten_calls = mark.calls, mark.rewritten_calls
-        if mark.segments:
-            session.trace.truncate(mark.segments)
-            session.messages, session.tools = mark.messages, mark.tools
 
     def _extend_prompt(
         self, session: TokenSession, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None

@@ -19,7 +19,7 @@ from typing_extensions import Unpack, override
 from rllm.engine.rollout.base import ContextLengthExceededError, EngineThrottledError, RolloutEngine
 from rllm.integrations.strands._cancel import cancelled_output, unless_cancelled
 from rllm.integrations.strands._format import format_messages, format_tool_choice, format_tools, output_events
-from rllm.integrations.strands._turns import mark_turn, session_before
+from rllm.integrations.strands._turns import mark_turn
 from rllm.integrations.strands.hooks import MalformedCallGuard
 from rllm.integrations.strands.recording import (
     TOKEN_SESSION_KEY,
@@ -131,7 +131,7 @@ class RLLMModel(Model):
             session = model_state.get(TOKEN_SESSION_KEY) or model_state.setdefault(TOKEN_SESSION_KEY, new_session())
             sampling["session"] = session
             record_token_session(invocation_state, session)
-        before = session_before(session) if session is not None else None
+        before = session.mark() if session is not None else None
         started = time.perf_counter()
         try:
             output = await unless_cancelled(

@@ -20,7 +20,7 @@ from strands.multiagent import GraphBuilder
 
 from rllm.engine.rollout.token_engine import TokenOutput, TokenSession
 from rllm.integrations.strands import RLLMModel, StrandsAgent, record
-from rllm.integrations.strands._turns import mark_turn, session_before, take_back
+from rllm.integrations.strands._turns import mark_turn, take_back
 from rllm.integrations.strands.rollout import FinishedRollout, finished_rollout, read_rollout, run_rollout
 from rllm.integrations.strands.teams import record_team, run_team_rollout
 from rllm.testing.scripted_tokens import ScriptedTokenEngine
@@ -189,7 +189,7 @@ async def test_the_records_metrics_count_side_calls_discards_rewrites_and_malfor
 def test_a_discarded_turn_that_others_follow_in_its_sample_is_masked_in_place() -> None:
     session = TokenSession()
     session.trace.add_prompt([1, 2, 3])
-    before = session_before(session)
+    before = session.mark()
     session.trace.add_sampled([4, 5], [-0.1, -0.2])
     turn = mark_turn(session, before)
     session.trace.add_context([6])
@@ -208,7 +208,7 @@ def test_a_discarded_last_turn_is_taken_back_and_the_session_continues_before_it
     session.trace.add_prompt([1, 2])
     session.trace.add_sampled([3], [-0.1])
     session.messages = [{"role": "user", "content": "a"}]
-    before = session_before(session)
+    before = session.mark()
     session.trace.add_context([4])
     session.trace.add_sampled([5, 6], [-0.1, -0.2])
     session.messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
