@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from rag.server import RetrieverLike, ServerSettings, create_app
-from rllm.testing.uvicorn_thread import UvicornThread
+from rllm.offline.uvicorn_thread import UvicornThread
 
 
 class RetrievalServer:

@@ -37,7 +37,7 @@ from strands.models.openai import OpenAIModel
 
 from rllm.engine.rollout import OpenAIEngine
 from rllm.integrations.strands import RLLMModel, StrandsAgent
-from rllm.testing.scripted_server import ScriptedOpenAIServer, ScriptedReply, ScriptedToolCall
+from rllm.offline.scripted_server import ScriptedOpenAIServer, ScriptedReply, ScriptedToolCall
 from rllm.types import ModelOutput, ToolCall
 
 logger = logging.getLogger("bench_rollout_overhead")

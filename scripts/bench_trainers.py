@@ -3,7 +3,7 @@
     python scripts/bench_trainers.py --out runs/bench-trainers            # CPU: the learning proof's settings
     python scripts/bench_trainers.py --device cuda --out runs/bench-gpu
 
-Warm-starts the learning proof's model once (rllm.training.verl.proof.prepare_verl_proof), then runs
+Warm-starts the learning proof's model once (rllm.proofs.verl_trainer.prepare_verl_proof), then runs
 --steps RLOO steps with LocalRLOOTrainer in this process and --steps steps of verl's own trainer
 (python -m rllm.training.verl.train, the lookup_rloo recipe, embedded rollout backend) from the same
 saved model, without held-out evaluation. Each step is timed whole: rollouts, log-probs and the
@@ -27,9 +27,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rllm.training.local.proof import ProofConfig
+from rllm.proofs.local_trainer import ProofConfig
 from rllm.training.local.rloo import LocalRLOOTrainer, default_actor_config
-from rllm.training.verl.proof import prepare_verl_proof, run_verl_trainer, verl_overrides
+from rllm.proofs.verl_trainer import prepare_verl_proof, run_verl_trainer, verl_overrides
 
 logger = logging.getLogger("bench_trainers")
 

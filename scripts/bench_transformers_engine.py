@@ -97,12 +97,12 @@ class Cell:
 
 def build_model(vocab: str, hidden: int, layers: int, device: str, dtype: torch.dtype) -> tuple[Any, Any]:
     """The tokenizer (tiny BPE or Qwen's real one, Qwen3's template) and a random-init Qwen3 on ``device``."""
-    from rllm.testing.tiny_models import build_tiny_qwen3, build_tiny_tokenizer
+    from rllm.offline.tiny_models import build_tiny_qwen3, build_tiny_tokenizer
 
     if vocab == "tiny":
         tokenizer = build_tiny_tokenizer()
     else:
-        from rllm.testing.chat_templates import FAMILIES
+        from rllm.offline.chat_templates import FAMILIES
 
         tokenizer = FAMILIES["qwen3"].tokenizer()
     model = build_tiny_qwen3(tokenizer, hidden_size=hidden, num_layers=layers)
@@ -170,7 +170,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--vocab", choices=("tiny", "qwen"), default="tiny",
-                        help="tiny: the 1.5k BPE of rllm.testing.tiny_models; qwen: Qwen's real tokenizer (151,669 ids)")
+                        help="tiny: the 1.5k BPE of rllm.offline.tiny_models; qwen: Qwen's real tokenizer (151,669 ids)")
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")

@@ -2,7 +2,7 @@
 
 Runs K multi-turn, tool-using rollouts of a real Strands agent through ``RLLMModel`` on a token
 engine, with Qwen's real tokenizer and the chat template the model family ships (trl's copy; see
-``rllm.testing.chat_templates``). The scripted policy samples what the template writes for its
+``rllm.offline.chat_templates``). The scripted policy samples what the template writes for its
 messages: it reasons where the template thinks, makes one to three rounds of one or two parallel
 tool calls, and half of the rollouts get a second user turn. As real models sometimes do, a
 quarter of its Hermes tool calls are written in compact JSON (``{"key":"x"}``) rather than the
@@ -32,8 +32,8 @@ from strands import tool
 
 from rllm.integrations.strands import RLLMModel, StrandsAgent
 from rllm.integrations.strands._format import format_messages
-from rllm.testing.chat_templates import FAMILIES, TemplateFamily
-from rllm.testing.scripted_tokens import MessageScriptedEngine
+from rllm.offline.chat_templates import FAMILIES, TemplateFamily
+from rllm.offline.scripted_tokens import MessageScriptedEngine
 
 logger = logging.getLogger("drift_audit")
 
@@ -140,7 +140,7 @@ def main() -> None:
     """Run the audit and log a side-by-side summary per family (and JSON with --json)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--family", default="qwen3", choices=sorted(FAMILIES), help="template family (default qwen3)")
-    parser.add_argument("--all-families", action="store_true", help="audit every family in rllm.testing.chat_templates")
+    parser.add_argument("--all-families", action="store_true", help="audit every family in rllm.offline.chat_templates")
     parser.add_argument("--rollouts", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="also print the summaries as JSON")

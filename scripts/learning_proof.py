@@ -5,9 +5,9 @@
     python scripts/learning_proof.py --trainer verl --device cpu --out runs/proof-cpu-verl   # RL by verl's trainer
 
 Writes DIR/metrics.jsonl (one line per step), DIR/summary.json and DIR/learning_curve.png, and exits
-1 when the proof fails (see rllm.training.local.proof for what it checks). --trainer verl runs the
+1 when the proof fails (see rllm.proofs.local_trainer for what it checks). --trainer verl runs the
 same warm start, then RLOO and held-out validation through verl's own trainer with the embedded
-rollout backend (rllm.training.verl.proof); it also writes DIR/warm_start_model/, DIR/data/,
+rollout backend (rllm.proofs.verl_trainer); it also writes DIR/warm_start_model/, DIR/data/,
 DIR/verl_metrics.jsonl (verl's file logger) and DIR/verl.log (verl's console).
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from rllm.training.local.proof import VOCABS, LearningProof, ProofConfig, plot_learning_curve
+from rllm.proofs.local_trainer import VOCABS, LearningProof, ProofConfig, plot_learning_curve
 
 TRAINERS = ("local", "verl")
 
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
 
     result: Any
     if args.trainer == "verl":
-        from rllm.training.verl.proof import run_verl_proof
+        from rllm.proofs.verl_trainer import run_verl_proof
 
         result = run_verl_proof(config, args.out, on_step=on_step, overrides=args.verl_override)
         bar.close()

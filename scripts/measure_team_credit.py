@@ -5,7 +5,7 @@ supervised steps, as the quickstart does), then samples a Strands ``Graph`` of t
 the lookup agent as ``researcher``, and a ``checker`` that runs only when the researcher's answer
 has no boxed code (a conditional edge), so which nodes run depends on what the policy samples. For
 ``--prompts`` training boxes x ``--n`` rollouts it computes each rollout's advantage both ways
-(``rllm.training.verl.advantage``: ``rollout_advantages``, groups over the prompt's rollouts;
+(``rllm.training.verl.trainer.advantage``: ``rollout_advantages``, groups over the prompt's rollouts;
 ``role_advantages``, groups over the prompt's rollouts in which that node ran) and reports how
 often the nodes ran, the per-role group sizes, the groups left without a baseline, and where the
 two estimators disagree. ``--out`` gets the numbers as JSON.
@@ -29,9 +29,9 @@ from strands import Agent
 from strands.multiagent import GraphBuilder
 
 from rllm.agents.lookup import LOOKUP_SYSTEM_PROMPT, lookup_reward, lookup_task_rows
-from rllm.eval.quickstart import quickstart_config
-from rllm.training.local.proof import LearningProof
-from rllm.training.verl.advantage import role_advantages, rollout_advantages
+from rllm.proofs.quickstart import quickstart_config
+from rllm.proofs.local_trainer import LearningProof
+from rllm.training.verl.trainer.advantage import role_advantages, rollout_advantages
 from rllm.workflows import AgentWorkflowEngine, StrandsWorkflow
 
 CHECKER = "You check the researcher's answer. Reply with the code in \\boxed{}."

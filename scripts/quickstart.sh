@@ -27,7 +27,7 @@ if [[ -z "${python}" ]]; then
         echo "quickstart: creating ${repo}/.venv and installing rllm with the rag and train extras (once)" >&2
         python3 -m venv "${repo}/.venv"
         "${repo}/.venv/bin/pip" install -q -c "${repo}/constraints.txt" torch==2.13.0
-        "${repo}/.venv/bin/pip" install -q -c "${repo}/constraints.txt" -e "${repo}[rag,train]"
+        "${repo}/.venv/bin/pip" install -q -c "${repo}/constraints.txt" -e "${repo}[rag,train,offline]"
     fi
 fi
 
@@ -41,7 +41,7 @@ fi
 if ! "${python}" -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in (${needs})))" \
         2>/dev/null; then
     echo "quickstart: ${python} lacks rllm or what this run needs (${needs}); install them with" >&2
-    echo "  ${python} -m pip install -c ${repo}/constraints.txt -e '${repo}[rag,train]'" >&2
+    echo "  ${python} -m pip install -c ${repo}/constraints.txt -e '${repo}[rag,train,offline]'" >&2
     exit 1
 fi
 

@@ -15,7 +15,7 @@ os.environ.setdefault("OTEL_SDK_DISABLED", "true")
 # thread against 762 s with the default of one per core. The verl CPU mode passes the setting on to its workers.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from rllm.testing.scripted_server import ScriptedOpenAIServer  # noqa: E402
+from rllm.offline.scripted_server import ScriptedOpenAIServer  # noqa: E402
 
 
 @pytest.fixture

@@ -21,15 +21,15 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("core records, tokens and errors", ("rllm.errors", "rllm.retry", "rllm.types", "rllm.tokens", "rllm.parser", "rllm.processes", "rllm.secret_options")),
     ("rollout engines", ("rllm.engine",)),
-    ("test kit", ("rllm.testing",)),
+    ("offline kit: tiny models, the real tokenizer's templates, scripted servers", ("rllm.offline",)),
     ("task pieces: data, rewards, tools, retrieval", ("rllm.data", "rllm.rewards", "rllm.tools", "rag")),
     ("trace capture", ("rllm.tracing",)),
     ("Strands integration", ("rllm.integrations.strands",)),
     ("workflows and the batch runner", ("rllm.workflows",)),
     ("agents", ("rllm.agents",)),
-    # rllm.integrations.verl is the deprecated alias of rllm.training.verl, kept for one release.
-    ("training: verl and local", ("rllm.training", "rllm.trainer", "rllm.integrations.verl")),
+    ("training: verl and local", ("rllm.training", "rllm.trainer")),
     ("evaluation", ("rllm.eval",)),
+    ("the quickstart and the learning proofs: train, then evaluate", ("rllm.proofs",)),
 ]
 """Lowest first. The package files ``rllm/__init__.py`` and ``rllm/integrations/__init__.py`` only name what is inside."""
 

@@ -35,7 +35,7 @@ import pytest
 from markdown_it import MarkdownIt
 
 from rag.testing import RetrievalServer, demo_index
-from rllm.testing.scripted_server import ScriptedOpenAIServer
+from rllm.offline.scripted_server import ScriptedOpenAIServer
 
 pytestmark = pytest.mark.slow
 

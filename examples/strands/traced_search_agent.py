@@ -34,7 +34,7 @@ from rllm.eval.search import RetrievalProcess
 from rllm.integrations.strands import NonStreamingOpenAIModel
 from rllm.rewards.search_reward import RewardSearchFn
 from rllm.secret_options import add_secret_argument
-from rllm.testing.scripted_server import ScriptedOpenAIServer, ToyChatTokens
+from rllm.offline.scripted_server import ScriptedOpenAIServer, ToyChatTokens
 from rllm.tracing import Backend, ProxyConfig, ProxyProcess, TraceStore, get_chat_client_async, load_trajectory, session
 from rllm.tracing.trajectory import SessionTrajectory
 

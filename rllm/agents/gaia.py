@@ -17,8 +17,8 @@ from typing import Any
 from rllm.engine.rollout import RolloutEngine
 from rllm.integrations.strands import Budget, StrandsAgent
 from rllm.integrations.strands.rollout import build_agent
+from rllm.offline.scripted_server import ScriptedReply, ScriptedToolCall
 from rllm.rewards.gaia_reward import RewardGaiaFn
-from rllm.testing.scripted_server import ScriptedReply, ScriptedToolCall
 from rllm.tokens.renderer import content_text
 from rllm.tools import gaia_tools
 from rllm.types import Episode

@@ -151,7 +151,7 @@ def scripted_search_reply(body: dict[str, Any]) -> Any:
     retrieved paragraph the question does not already name. It lets the whole loop (HTTP model,
     real retrieval, reward) run without a model, and is right now and then.
     """
-    from rllm.testing.scripted_server import ScriptedReply, ScriptedToolCall
+    from rllm.offline.scripted_server import ScriptedReply, ScriptedToolCall
 
     messages = body["messages"]
     question = content_text(next(m["content"] for m in messages if m["role"] == "user"), " ")

@@ -27,8 +27,8 @@ from rich.console import Console
 
 from rllm.engine.rollout import OpenAIEngine
 from rllm.errors import ModelUnreachableError, SetupError
+from rllm.offline.scripted_server import Script, ScriptedOpenAIServer
 from rllm.secret_options import add_secret_argument
-from rllm.testing.scripted_server import Script, ScriptedOpenAIServer
 
 DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
 """The search eval's and the quickstart's model when none is named."""
@@ -36,7 +36,7 @@ API_KEY_ENV = "OPENAI_API_KEY"
 """Where ``--api-key`` comes from by default: the variable OpenAI's client reads."""
 RANDOM_WEIGHTS_LABEL = "random-weight Qwen3 (plumbing only: random weights, real Qwen tokenizer and chat template)"
 TINY_MODEL_HINT = (
-    "python -c \"from pathlib import Path; from rllm.testing.tiny_models import build_tiny_model_dir; "
+    "python -c \"from pathlib import Path; from rllm.offline.tiny_models import build_tiny_model_dir; "
     "build_tiny_model_dir(Path('/tmp/tiny-qwen3'))\""
 )
 
@@ -181,7 +181,7 @@ def choose_model(args: argparse.Namespace, console: Console) -> ModelChoice:
     except ModelUnreachableError as error:
         if args.model:
             raise
-        from rllm.testing.tiny_models import build_random_qwen3_dir
+        from rllm.offline.tiny_models import build_random_qwen3_dir
 
         console.print(f"{name} cannot be fetched: {error.why}. Running the same pipeline on a small "
                       f"{RANDOM_WEIGHTS_LABEL}.", highlight=False)

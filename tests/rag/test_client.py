@@ -23,7 +23,7 @@ from rag.testing import RetrievalServer, SlowRetriever, demo_index
 from rllm.engine.rollout import OpenAIEngine
 from rllm.errors import ConfigurationError, ToolBackendError
 from rllm.integrations.strands import RLLMModel, StrandsAgent
-from rllm.testing.scripted_server import ScriptedReply, ScriptedToolCall
+from rllm.offline.scripted_server import ScriptedReply, ScriptedToolCall
 
 pytestmark = pytest.mark.timeout(120)
 

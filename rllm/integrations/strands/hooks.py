@@ -18,7 +18,7 @@ from strands.hooks import (
 )
 
 from rllm.errors import ConfigurationError, InfrastructureError
-from rllm.integrations.strands.recording import record_malformed_calls, report_tool_error, take_malformed_call
+from rllm.integrations.strands.run_state import record_malformed_calls, report_tool_error, take_malformed_call
 from rllm.types import TerminationReason, ToolCall
 
 logger = logging.getLogger(__name__)

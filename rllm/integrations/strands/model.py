@@ -21,7 +21,7 @@ from rllm.integrations.strands._cancel import cancelled_output, unless_cancelled
 from rllm.integrations.strands._format import format_messages, format_tool_choice, format_tools, output_events
 from rllm.integrations.strands._turns import mark_turn
 from rllm.integrations.strands.hooks import MalformedCallGuard
-from rllm.integrations.strands.recording import (
+from rllm.integrations.strands.run_state import (
     TOKEN_SESSION_KEY,
     ModelCall,
     current_run,

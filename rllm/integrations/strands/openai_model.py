@@ -30,7 +30,7 @@ from rllm.errors import EngineUnavailableError
 from rllm.integrations.strands._cancel import cancelled_output, unless_cancelled
 from rllm.integrations.strands._format import format_messages, output_events
 from rllm.integrations.strands.hooks import MalformedCallGuard
-from rllm.integrations.strands.recording import ModelCall, record_model_call
+from rllm.integrations.strands.run_state import ModelCall, record_model_call
 
 logger = logging.getLogger(__name__)
 

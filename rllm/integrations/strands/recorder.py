@@ -29,7 +29,7 @@ from rllm.integrations.strands._cancel import CANCELLED, cancelled_output
 from rllm.integrations.strands._format import format_messages, format_tools
 from rllm.integrations.strands._turns import TurnMark, take_back
 from rllm.integrations.strands.hooks import Budget, BudgetHook, ToolCallValidator, ToolFailureHook
-from rllm.integrations.strands.recording import (
+from rllm.integrations.strands.run_state import (
     TOKEN_SESSION_KEY,
     ModelCall,
     RunState,

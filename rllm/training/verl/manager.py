@@ -40,7 +40,7 @@ from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorke
 from rllm.errors import InfrastructureFailureRateError, SystemicFailureError
 from rllm.tracing.policy_server import PolicyServer
 from rllm.training.verl.agent_loop import OUTCOME_KWARG, POLICY_SERVER_KWARG, RolloutOutcome
-from rllm.training.verl.guards import GUARDED_MODE
+from rllm.training.verl.trainer.guards import GUARDED_MODE
 from rllm.training.verl.verl_internals import SYNC_MODE, ray_actor_class
 
 logger = logging.getLogger(__name__)

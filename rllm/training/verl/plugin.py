@@ -11,7 +11,7 @@ normal ``pip install`` is enough. Importing it:
   ``RolloutReplicaRegistry`` and in the FSDP workers' private rollout registry;
 * in a CPU run (``RLLM_VERL_CPU=1``, see ``rllm.training.verl.cpu``) registers the CPU platform.
 
-The guarded trainer (``trainer.v1.trainer_mode=rllm_sync``) is registered by ``rllm.training.verl.runner``
+The guarded trainer (``trainer.v1.trainer_mode=rllm_sync``) is registered by ``rllm.training.verl.trainer.runner``
 in the task runner's process, where verl looks trainers up. Nothing here is imported by rllm itself;
 ``VERL_USE_EXTERNAL_PLUGINS=none`` turns it off.
 """

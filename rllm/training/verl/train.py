@@ -135,7 +135,7 @@ def check_launch(config: DictConfig) -> Any:
     Returns the agent's ``Preflight`` (``check_agent_loops``).
     """
     from rllm.training.verl.cpu import check_precision, cpu_mode
-    from rllm.training.verl.guards import GUARDED_MODE, GUARDS_KEY, GuardSettings
+    from rllm.training.verl.trainer.guards import GUARDED_MODE, GUARDS_KEY, GuardSettings
     from rllm.training.verl.verl_internals import check_verl_version
 
     check_verl_version(strict=True)
@@ -186,8 +186,8 @@ def check_agent_loops(config: DictConfig) -> Any:
 
 def check_served_weights(config: DictConfig) -> None:
     """Refuse a backend whose served weights rllm cannot read, and vLLM without what lets rllm ask its workers."""
-    from rllm.training.verl.engine_weights import VLLM_RPC_ENV
-    from rllm.training.verl.served_weights import READERS
+    from rllm.training.verl.weights.engine_weights import VLLM_RPC_ENV
+    from rllm.training.verl.weights.served_weights import READERS
 
     name = str(OmegaConf.select(config, "actor_rollout_ref.rollout.name"))
     if name not in READERS:
@@ -288,8 +288,8 @@ def _run(config: DictConfig, dry_run: bool, print_only: bool = False) -> None:
     from verl.trainer.main_ppo import run_ppo
     from verl.utils.device import auto_set_device
 
-    from rllm.training.verl.runner import GuardedTaskRunner
     from rllm.training.verl.secrets import share_secrets
+    from rllm.training.verl.trainer.runner import GuardedTaskRunner
 
     # What verl's own main does (device selection, validation), then its run_ppo with the guarded task runner.
     auto_set_device(config)

@@ -26,7 +26,7 @@ from rllm.data.hotpotqa import load_hotpotqa
 from rllm.eval import reports
 from rllm.eval import search as cli
 from rllm.rewards import RewardSearchFn
-from rllm.testing.tiny_models import build_tiny_model_dir
+from rllm.offline.tiny_models import build_tiny_model_dir
 from rllm.types import Episode, TerminationReason
 from rllm.workflows import StrandsWorkflow
 

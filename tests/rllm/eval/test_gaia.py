@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from rllm.data.gaia import GAIA_DEMO_DIR
-from rllm.testing.scripted_server import ScriptedReply, ToyChatTokens
+from rllm.offline.scripted_server import ScriptedReply, ToyChatTokens
 from rllm.tools.python_exec import sandbox_problem
 from rllm.types import Episode, TerminationReason
 
@@ -193,7 +193,7 @@ def test_eval_refuses_to_start_without_a_sandbox_unless_told(
 
 # --------------------------------------------------------------------------- the model options shared with the search eval
 def test_a_local_model_runs_in_process(tmp_path: Path, eval_gaia: ModuleType) -> None:
-    from rllm.testing.tiny_models import build_tiny_model_dir
+    from rllm.offline.tiny_models import build_tiny_model_dir
 
     model_dir = build_tiny_model_dir(tmp_path / "tiny")
     out = tmp_path / "run"

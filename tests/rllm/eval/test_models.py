@@ -18,7 +18,7 @@ from rich.console import Console
 from rllm.eval import gaia, search, search_quickstart
 from rllm.eval.models import add_model_arguments, check_model_arguments, choose_model, open_engine
 from rllm.processes import free_port
-from rllm.testing.scripted_server import ScriptedReply
+from rllm.offline.scripted_server import ScriptedReply
 
 KEY = "sk-endpoint-secret"
 WARNING = ("--api-key on the command line is visible to every user of this machine (ps); set OPENAI_API_KEY in the "

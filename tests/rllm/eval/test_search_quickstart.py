@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from rag.testing import RetrievalServer, demo_index
-from rllm.testing.qwen_tokenizer import cache_root
-from rllm.testing.tiny_models import build_tiny_model_dir
+from rllm.offline.qwen_tokenizer import cache_root
+from rllm.offline.tiny_models import build_tiny_model_dir
 from rllm.types import Episode
 
 pytestmark = pytest.mark.slow

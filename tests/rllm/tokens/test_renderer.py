@@ -1,7 +1,7 @@
 """Token-in/token-out on the real Qwen tokenizer with the chat templates the models ship.
 
 Each family's template comes from trl's package (or, for Qwen3-Coder, the copy carried in
-``rllm/testing/templates`` with its source), the tokenizer is Qwen's real BPE with the real
+``rllm/offline/templates`` with its source), the tokenizer is Qwen's real BPE with the real
 ids. A real Strands agent with a real tool runs multi-turn through a ``TokenEngine`` whose
 scripted policy samples exactly what the template writes for its messages: reasoning, parallel
 tool calls, an answer, then a second user turn, a malformed call and a final answer.
@@ -17,9 +17,9 @@ from strands import tool
 
 from rllm.errors import TemplateError, UnsupportedContentError
 from rllm.integrations.strands import RLLMModel, StrandsAgent
-from rllm.testing.chat_templates import FAMILIES, TemplateFamily
-from rllm.testing.qwen_tokenizer import QwenVocab, build_qwen_tokenizer
-from rllm.testing.scripted_tokens import MessageScriptedEngine
+from rllm.offline.chat_templates import FAMILIES, TemplateFamily
+from rllm.offline.qwen_tokenizer import QwenVocab, build_qwen_tokenizer
+from rllm.offline.scripted_tokens import MessageScriptedEngine
 from rllm.tokens.renderer import ChatRenderer
 
 QUESTION = ["What is the code", "of box 7?"]

@@ -15,7 +15,7 @@ import pytest
 from rllm import errors
 from rllm.engine.rollout import OpenAIEngine
 from rllm.integrations.strands import RLLMModel, StrandsAgent
-from rllm.testing.scripted_server import ScriptedReply, ScriptedToolCall
+from rllm.offline.scripted_server import ScriptedReply, ScriptedToolCall
 from rllm.tools import SandboxUnavailableError, describe_isolation, gaia_tools, resolve_sandbox, run_python
 from rllm.tools import python_exec as python_exec_module
 from rllm.tools.python_exec import sandbox_problem

@@ -23,8 +23,8 @@ from strands.models.openai import OpenAIModel
 from rllm.errors import ConfigurationError, EngineUnavailableError, TokenTraceError
 from rllm.integrations.strands import NonStreamingOpenAIModel, RLLMModel, record, run_served_rollout
 from rllm.integrations.strands.rollout import run_rollout
-from rllm.testing.chat_templates import FAMILIES
-from rllm.testing.scripted_tokens import MessageScriptedEngine
+from rllm.offline.chat_templates import FAMILIES
+from rllm.offline.scripted_tokens import MessageScriptedEngine
 from rllm.tracing import PolicyServer, policy_endpoint
 from rllm.tracing.policy_server import API_KEY_ENV, BASE_URL_ENV, MODEL_ENV
 from rllm.tracing.session import SESSION_HEADER

@@ -28,8 +28,8 @@ from rllm.errors import (
 )
 from rllm.integrations.strands import RLLMModel, record, run_served_rollout
 from rllm.integrations.strands.rollout import FinishedRollout, run_rollout
-from rllm.testing.chat_templates import FAMILIES
-from rllm.testing.scripted_tokens import MessageScriptedEngine
+from rllm.offline.chat_templates import FAMILIES
+from rllm.offline.scripted_tokens import MessageScriptedEngine
 from rllm.tracing import PolicyServer
 from rllm.types import TerminationReason
 

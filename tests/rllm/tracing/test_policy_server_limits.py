@@ -23,8 +23,8 @@ from strands.models.openai import OpenAIModel
 
 from rllm.errors import ServerStartError
 from rllm.integrations.strands import record, run_served_rollout
-from rllm.testing.chat_templates import FAMILIES
-from rllm.testing.scripted_tokens import MessageScriptedEngine
+from rllm.offline.chat_templates import FAMILIES
+from rllm.offline.scripted_tokens import MessageScriptedEngine
 from rllm.tracing import PolicyServer
 from rllm.tracing.session import session
 from rllm.types import TerminationReason

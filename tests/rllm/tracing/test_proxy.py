@@ -27,7 +27,7 @@ from strands import Agent, tool
 from strands.models.openai import OpenAIModel
 
 from rllm.integrations.strands import NonStreamingOpenAIModel
-from rllm.testing.scripted_server import ScriptedOpenAIServer, ScriptedReply, ScriptedToolCall, ToyChatTokens
+from rllm.offline.scripted_server import ScriptedOpenAIServer, ScriptedReply, ScriptedToolCall, ToyChatTokens
 from rllm.tracing import (
     NO_SESSION,
     SESSION_HEADER,

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from rllm.testing.scripted_server import ScriptedOpenAIServer
+from rllm.offline.scripted_server import ScriptedOpenAIServer
 from rllm.tracing import (
     SESSION_HEADER,
     ContextThreadPoolExecutor,

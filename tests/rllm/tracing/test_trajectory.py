@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import random
 
-from rllm.testing.scripted_server import ScriptedReply, ScriptedToolCall, ToyChatTokens
+from rllm.offline.scripted_server import ScriptedReply, ScriptedToolCall, ToyChatTokens
 from rllm.tracing.records import make_trace
 from rllm.tracing.trajectory import trajectory_from_traces
 

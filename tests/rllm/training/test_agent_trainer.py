@@ -123,7 +123,7 @@ def test_what_training_cannot_honour_is_refused_naming_it(tmp_path: Path, kwargs
 
 def test_the_same_workflow_args_evaluate() -> None:
     """What AgentTrainer takes is what AgentWorkflowEngine takes: the page's two steps share one dict."""
-    from rllm.testing.scripted_server import ScriptedOpenAIServer, ScriptedReply
+    from rllm.offline.scripted_server import ScriptedOpenAIServer, ScriptedReply
 
     with ScriptedOpenAIServer(lambda body: ScriptedReply(content="Paris")) as server:
         from rllm.engine.rollout import OpenAIEngine

@@ -13,8 +13,8 @@ from strands import ToolContext, tool
 
 from rllm.eval.reports import search_report
 from rllm.rewards.base import RewardOutput
-from rllm.testing.chat_templates import FAMILIES
-from rllm.testing.scripted_tokens import ScriptedTokenEngine
+from rllm.offline.chat_templates import FAMILIES
+from rllm.offline.scripted_tokens import ScriptedTokenEngine
 from rllm.types import TerminationReason
 from rllm.workflows import AgentWorkflowEngine, StrandsWorkflow
 

@@ -10,7 +10,7 @@ torch alone on one GPU. This backend needs only torch and transformers. It has v
   sampled token, from the same processed scores it was sampled from); ``sleep``/``wake_up`` move the
   weights off and back onto the GPU; ``abort_all_requests`` cancels what is in flight; weights arrive
   in buckets from the adapter, every parameter must be covered, and ``weights_fingerprint`` gives the
-  served weights' fingerprint (``rllm.training.verl.fingerprint``) for the trainer to compare with
+  served weights' fingerprint (``rllm.training.verl.weights.fingerprint``) for the trainer to compare with
   the actor's own after every sync.
 * ``EmbeddedServerAdapter`` (``adapter.py``, a verl ``BaseRollout``, inside each FSDP worker): verl's
   own naive sync (``ActorRolloutRefWorker.update_weights``) hands it the actor's full tensors; every

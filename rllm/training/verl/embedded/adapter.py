@@ -8,7 +8,7 @@ import ray
 import torch
 
 from rllm.training.verl.embedded import server_name, serving_dtype
-from rllm.training.verl.fingerprint import WeightFingerprint, tensor_digest
+from rllm.training.verl.weights.fingerprint import WeightFingerprint, tensor_digest
 
 _BUCKET_BYTES = 512 << 20
 """Weights sent to the server per Ray call: bounds the copies held at once."""

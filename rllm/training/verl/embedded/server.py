@@ -9,7 +9,7 @@ import torch
 
 from rllm.errors import WeightSyncError
 from rllm.training.verl.embedded import serving_dtype
-from rllm.training.verl.fingerprint import WeightFingerprint
+from rllm.training.verl.weights.fingerprint import WeightFingerprint
 
 logger = logging.getLogger(__name__)
 
@@ -167,7 +167,7 @@ class EmbeddedRolloutServer:
         """End a sync: every parameter received, and what arrived equal to what the adapter sent (transport check).
 
         That the actor sent its current weights is not this check's business: the trainer compares
-        ``weights_fingerprint`` with the actor's own after every sync (``rllm.training.verl.runner``).
+        ``weights_fingerprint`` with the actor's own after every sync (``rllm.training.verl.trainer.runner``).
         """
         missing = [n for n in self._parameter_names if n not in self._received]
         if missing:

@@ -14,7 +14,7 @@ from rllm.engine.rollout import (
     EngineUnavailableError,
     OpenAIEngine,
 )
-from rllm.testing.scripted_server import ScriptedReply, ScriptedToolCall
+from rllm.offline.scripted_server import ScriptedReply, ScriptedToolCall
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 

@@ -19,9 +19,9 @@ from rllm.engine.rollout.token_engine import TokenEngine
 from rllm.engine.rollout.transformers_engine import TransformersEngine
 from rllm.engine.rollout.vllm_engine import VLLMEngine
 from rllm.integrations.strands import RLLMModel, StrandsAgent
-from rllm.testing.chat_templates import FAMILIES
-from rllm.testing.scripted_tokens import ScriptedTokenEngine, ScriptedTokenServer
-from rllm.testing.tiny_models import build_tiny_qwen3
+from rllm.offline.chat_templates import FAMILIES
+from rllm.offline.scripted_tokens import ScriptedTokenEngine, ScriptedTokenServer
+from rllm.offline.tiny_models import build_tiny_qwen3
 from rllm.tokens.renderer import ChatRenderer
 from rllm.tokens.trace import TokenTrace, TokenTraceError
 

@@ -27,10 +27,10 @@ from rllm.integrations.strands import NonStreamingOpenAIModel
 from rllm.integrations.strands.rollout import build_agent, run_rollout
 from rllm.parser import get_tool_parser
 from rllm.rewards.base import RewardOutput
-from rllm.testing.chat_templates import FAMILIES
-from rllm.testing.scripted_server import ScriptedOpenAIServer, ScriptedReply, ScriptedToolCall
-from rllm.testing.scripted_tokens import Cut, ScriptedTokenServer
-from rllm.testing.tiny_models import ForcedCausalLM, build_tiny_qwen3
+from rllm.offline.chat_templates import FAMILIES
+from rllm.offline.scripted_server import ScriptedOpenAIServer, ScriptedReply, ScriptedToolCall
+from rllm.offline.scripted_tokens import Cut, ScriptedTokenServer
+from rllm.offline.tiny_models import ForcedCausalLM, build_tiny_qwen3
 from rllm.tokens.renderer import ChatRenderer
 from rllm.types import TerminationReason
 from rllm.workflows import AgentWorkflowEngine, StrandsWorkflow

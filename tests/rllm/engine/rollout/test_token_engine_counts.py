@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from rllm.errors import EngineThrottledError
-from rllm.testing.chat_templates import FAMILIES
-from rllm.testing.scripted_tokens import MessageScriptedEngine
+from rllm.offline.chat_templates import FAMILIES
+from rllm.offline.scripted_tokens import MessageScriptedEngine
 
 
 class _ThrottledAt(MessageScriptedEngine):

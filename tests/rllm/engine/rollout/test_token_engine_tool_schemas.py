@@ -14,8 +14,8 @@ import pytest
 from strands import tool
 
 from rllm.integrations.strands import RLLMModel, StrandsAgent
-from rllm.testing.chat_templates import FAMILIES
-from rllm.testing.scripted_tokens import MessageScriptedEngine
+from rllm.offline.chat_templates import FAMILIES
+from rllm.offline.scripted_tokens import MessageScriptedEngine
 
 CODER_FAMILIES = [name for name, family in FAMILIES.items() if family.tool_parser == "qwen3_coder"]
 

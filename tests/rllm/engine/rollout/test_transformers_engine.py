@@ -18,8 +18,8 @@ import torch
 from rllm.engine.rollout.token_engine import TokenOutput
 from rllm.engine.rollout.transformers_engine import TransformersEngine
 from rllm.errors import EngineError
-from rllm.testing.chat_templates import FAMILIES
-from rllm.testing.tiny_models import build_tiny_qwen3, build_tiny_tokenizer
+from rllm.offline.chat_templates import FAMILIES
+from rllm.offline.tiny_models import build_tiny_qwen3, build_tiny_tokenizer
 
 TOLERANCE = 1e-4
 SYSTEM = "You are a careful assistant. Answer briefly; look keys up with the lookup tool when a question names one."

@@ -17,7 +17,7 @@ import torch
 
 from rllm.engine.rollout.token_engine import TokenOutput
 from rllm.engine.rollout.transformers_engine import TransformersEngine
-from rllm.testing.tiny_models import build_tiny_qwen3, build_tiny_tokenizer
+from rllm.offline.tiny_models import build_tiny_qwen3, build_tiny_tokenizer
 
 GREEDY = {"temperature": 0.0}
 LONG, SHORT = 400, 30

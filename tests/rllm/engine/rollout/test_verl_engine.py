@@ -21,8 +21,8 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 from verl.utils.torch_functional import logprobs_from_logits
 from verl.workers.rollout.replica import TokenOutput
 
-from rllm.testing.chat_templates import FAMILIES
-from rllm.testing.tiny_models import build_tiny_qwen3
+from rllm.offline.chat_templates import FAMILIES
+from rllm.offline.tiny_models import build_tiny_qwen3
 
 pytestmark = pytest.mark.slow
 
@@ -215,7 +215,7 @@ async def test_a_rollout_split_into_samples_gets_the_budget_of_an_unsplit_one() 
     from fixtures.verl_loop import SAMPLING
 
     from rllm.engine.rollout.verl_engine import VerlEngine
-    from rllm.testing.tiny_models import build_tiny_tokenizer
+    from rllm.offline.tiny_models import build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer()
     server = _short_answers(tokenizer)
@@ -236,7 +236,7 @@ async def test_a_teams_sessions_share_the_rollouts_budget() -> None:
     from fixtures.verl_loop import SAMPLING
 
     from rllm.engine.rollout.verl_engine import VerlEngine
-    from rllm.testing.tiny_models import build_tiny_tokenizer
+    from rllm.offline.tiny_models import build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer()
     server = _short_answers(tokenizer)

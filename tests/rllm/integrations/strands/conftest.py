@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from rllm.testing.chat_templates import FAMILIES
+from rllm.offline.chat_templates import FAMILIES
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from strands.models.openai import OpenAIModel
 
 from rllm.engine.rollout import OpenAIEngine
 from rllm.integrations.strands import Budget, RLLMModel, StrandsAgent
-from rllm.testing.scripted_server import ScriptedReply, ScriptedToolCall
+from rllm.offline.scripted_server import ScriptedReply, ScriptedToolCall
 from rllm.types import TerminationReason, Trajectory
 
 

@@ -9,7 +9,7 @@ from fixtures.strands_agents import (
 )
 
 from rllm.integrations.strands import Budget
-from rllm.testing.scripted_server import ScriptedReply, ScriptedToolCall
+from rllm.offline.scripted_server import ScriptedReply, ScriptedToolCall
 from rllm.types import TerminationReason
 
 

@@ -19,9 +19,9 @@ from strands.types.exceptions import ContextWindowOverflowException, ModelThrott
 
 from rllm.engine.rollout import OpenAIEngine
 from rllm.integrations.strands import RLLMModel, StrandsAgent
-from rllm.testing.chat_templates import FAMILIES
-from rllm.testing.scripted_server import ScriptedReply, ScriptedToolCall
-from rllm.testing.scripted_tokens import MessageScriptedEngine
+from rllm.offline.chat_templates import FAMILIES
+from rllm.offline.scripted_server import ScriptedReply, ScriptedToolCall
+from rllm.offline.scripted_tokens import MessageScriptedEngine
 from rllm.types import TerminationReason
 
 

@@ -27,9 +27,9 @@ from rllm.engine.rollout.token_engine import TokenOutput, TokenSession
 from rllm.engine.rollout.transformers_engine import TransformersEngine
 from rllm.engine.rollout.vllm_engine import VLLMEngine
 from rllm.integrations.strands import NonStreamingOpenAIModel, RLLMModel, StrandsAgent
-from rllm.testing.chat_templates import FAMILIES
-from rllm.testing.scripted_tokens import MessageScriptedEngine
-from rllm.testing.tiny_models import build_tiny_qwen3
+from rllm.offline.chat_templates import FAMILIES
+from rllm.offline.scripted_tokens import MessageScriptedEngine
+from rllm.offline.tiny_models import build_tiny_qwen3
 from rllm.types import TerminationReason
 
 

@@ -16,7 +16,7 @@ from strands.models.openai import OpenAIModel
 
 from rllm.errors import exception_chain
 from rllm.integrations.strands import NonStreamingOpenAIModel, StrandsAgent, termination_reason_for
-from rllm.testing.scripted_server import ScriptedReply, ScriptedToolCall
+from rllm.offline.scripted_server import ScriptedReply, ScriptedToolCall
 from rllm.types import TerminationReason
 
 

@@ -13,7 +13,7 @@ from strands import Agent, tool
 from rllm.errors import ConfigurationError, ToolBackendError
 from rllm.integrations.strands import Budget, RLLMModel, record
 from rllm.integrations.strands.rollout import run_rollout
-from rllm.testing.scripted_tokens import ScriptedTokenEngine
+from rllm.offline.scripted_tokens import ScriptedTokenEngine
 from rllm.types import TerminationReason
 
 CALL = '<tool_call>\n{"name": "lookup", "arguments": {"key": "alpha"}}\n</tool_call>'

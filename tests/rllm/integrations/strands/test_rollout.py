@@ -21,7 +21,7 @@ from rllm.errors import RolloutWithoutTokensError
 from rllm.integrations.strands import Budget, RLLMModel, record
 from rllm.integrations.strands.rollout import final_answer_text, run_rollout
 from rllm.integrations.strands.teams import record_built, run_built
-from rllm.testing.scripted_tokens import ScriptedTokenEngine
+from rllm.offline.scripted_tokens import ScriptedTokenEngine
 from rllm.types import TerminationReason
 
 CALL = '<tool_call>\n{"name": "lookup", "arguments": {"key": "alpha"}}\n</tool_call>'

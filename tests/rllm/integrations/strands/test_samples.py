@@ -17,8 +17,8 @@ from strands.agent.conversation_manager import SlidingWindowConversationManager,
 
 from rllm.integrations.strands import RLLMModel, StrandsAgent
 from rllm.integrations.strands.rollout import run_rollout
-from rllm.testing.chat_templates import FAMILIES
-from rllm.testing.scripted_tokens import ScriptedTokenEngine
+from rllm.offline.chat_templates import FAMILIES
+from rllm.offline.scripted_tokens import ScriptedTokenEngine
 from rllm.types import Trajectory
 
 SYSTEM = "Look things up, then answer with \\boxed{}."

@@ -23,7 +23,7 @@ from rllm.integrations.strands import RLLMModel, StrandsAgent, record
 from rllm.integrations.strands._turns import mark_turn, take_back
 from rllm.integrations.strands.rollout import FinishedRollout, finished_rollout, read_rollout, run_rollout
 from rllm.integrations.strands.teams import record_team, run_team_rollout
-from rllm.testing.scripted_tokens import ScriptedTokenEngine
+from rllm.offline.scripted_tokens import ScriptedTokenEngine
 from rllm.types import Trajectory
 
 SYSTEM = "Look things up, then answer with \\boxed{}."

@@ -17,7 +17,7 @@ from strands.multiagent import GraphBuilder, Swarm
 from rllm.integrations.strands import RLLMModel
 from rllm.integrations.strands.teams import record_team, run_team_rollout
 from rllm.rewards.base import RewardOutput
-from rllm.testing.scripted_tokens import ScriptedTokenEngine
+from rllm.offline.scripted_tokens import ScriptedTokenEngine
 from rllm.types import TerminationReason
 from rllm.workflows import AgentWorkflowEngine, StrandsWorkflow
 

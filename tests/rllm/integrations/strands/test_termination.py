@@ -34,7 +34,7 @@ from rllm.errors import (
     ToolBackendError,
 )
 from rllm.integrations.strands import RLLMModel, StrandsAgent, describe_failure, termination_reason_for
-from rllm.testing.scripted_server import ScriptedReply, ScriptedToolCall
+from rllm.offline.scripted_server import ScriptedReply, ScriptedToolCall
 from rllm.types import TerminationReason
 
 
@@ -221,7 +221,7 @@ async def _through_the_batch_runner(tokenizer: Any, error: BaseException | None,
     from fixtures.verl_loop import GROUND_TRUTH, QUESTION, SYSTEM, lookup_call, lookup_tools, turns_script
 
     from rllm.rewards import RewardSearchFn
-    from rllm.testing.scripted_tokens import ScriptedTokenEngine
+    from rllm.offline.scripted_tokens import ScriptedTokenEngine
     from rllm.workflows import StrandsWorkflow
     from rllm.workflows.agent_workflow_engine import AgentWorkflowEngine
 
@@ -253,7 +253,7 @@ async def _through_the_local_trainer(tokenizer: Any, error: BaseException | None
     from fixtures.verl_loop import QUESTION, SYSTEM, lookup_call, lookup_tools, turns_script
 
     from rllm.integrations.strands import Budget
-    from rllm.testing.scripted_tokens import ScriptedTokenEngine
+    from rllm.offline.scripted_tokens import ScriptedTokenEngine
     from rllm.training.local import RolloutRequest, run_rollouts
 
     engine = _fail_on_second_call(
@@ -269,7 +269,7 @@ async def _through_the_local_trainer(tokenizer: Any, error: BaseException | None
 
 @pytest.fixture(scope="module")
 def tiny_tokenizer() -> Any:
-    from rllm.testing.tiny_models import build_tiny_tokenizer
+    from rllm.offline.tiny_models import build_tiny_tokenizer
 
     return build_tiny_tokenizer()
 

@@ -25,10 +25,10 @@ from rllm.agents.lookup import (
     score_lookup_answer,
 )
 from rllm.engine.rollout.transformers_engine import TransformersEngine
-from rllm.testing.chat_templates import load_chat_template
-from rllm.testing.qwen_tokenizer import QwenVocab, build_qwen_tokenizer
-from rllm.testing.scripted_tokens import MessageScriptedEngine
-from rllm.testing.tiny_models import build_tiny_qwen3
+from rllm.offline.chat_templates import load_chat_template
+from rllm.offline.qwen_tokenizer import QwenVocab, build_qwen_tokenizer
+from rllm.offline.scripted_tokens import MessageScriptedEngine
+from rllm.offline.tiny_models import build_tiny_qwen3
 from rllm.tokens.renderer import content_text
 from rllm.training.local import LocalRLOOTrainer, RolloutRequest, default_actor_config, pad_rollouts, run_rollouts
 
@@ -188,7 +188,7 @@ def test_the_engine_samples_from_the_updated_weights(tokenizer, world) -> None:
 
 def test_the_learning_proof_runs_end_to_end_and_says_why_it_fails(tmp_path) -> None:
     """A proof far too short to learn runs every phase, writes its files, and fails with its reasons."""
-    from rllm.training.local.proof import LearningProof, ProofConfig, plot_learning_curve
+    from rllm.proofs.local_trainer import LearningProof, ProofConfig, plot_learning_curve
 
     config = ProofConfig.for_device("cpu", hidden_size=64, num_layers=2, world_size=120, held_out=4, eval_samples=1,
                                     demonstrations=16, warm_steps=2, warm_batch=8, rl_steps=2, prompts_per_step=2,

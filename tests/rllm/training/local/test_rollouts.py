@@ -13,8 +13,8 @@ from strands import ToolContext, tool
 
 from rllm.errors import ConfigurationError, GenerationAbortedError, RolloutCancelledError
 from rllm.integrations.strands import Budget
-from rllm.testing.chat_templates import FAMILIES
-from rllm.testing.scripted_tokens import Cut, ScriptedTokenEngine
+from rllm.offline.chat_templates import FAMILIES
+from rllm.offline.scripted_tokens import Cut, ScriptedTokenEngine
 from rllm.training.local import RolloutRequest, run_rollouts
 
 CALL = '<tool_call>\n{"name": "lookup", "arguments": {"key": "alpha"}}\n</tool_call>'

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from rllm.agents.lookup import LOOKUP_BUDGET, LOOKUP_SYSTEM_PROMPT, LookupWorld, demonstration_script, lookup_tools
-from rllm.testing.chat_templates import load_chat_template
-from rllm.testing.qwen_tokenizer import QwenVocab, build_qwen_tokenizer
-from rllm.testing.scripted_tokens import MessageScriptedEngine
-from rllm.testing.tiny_models import build_tiny_qwen3
+from rllm.offline.chat_templates import load_chat_template
+from rllm.offline.qwen_tokenizer import QwenVocab, build_qwen_tokenizer
+from rllm.offline.scripted_tokens import MessageScriptedEngine
+from rllm.offline.tiny_models import build_tiny_qwen3
 from rllm.tokens.renderer import content_text
 from rllm.training.local import LocalRLOOTrainer, RolloutRequest, default_actor_config, pad_rollouts, run_rollouts
 from rllm.training.local.warm_start import sampled_log_probs, shared_prefix_length, supervised_step, warm_start

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from rllm.testing.tiny_models import build_tiny_tokenizer
+from rllm.offline.tiny_models import build_tiny_tokenizer
 
 
 @pytest.fixture(scope="module")

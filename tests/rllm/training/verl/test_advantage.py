@@ -12,7 +12,7 @@ from verl.protocol import DataProto  # noqa: E402
 from verl.trainer.ppo.core_algos import compute_rloo_outcome_advantage  # noqa: E402
 from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories  # noqa: E402
 
-from rllm.training.verl.advantage import (  # noqa: E402
+from rllm.training.verl.trainer.advantage import (  # noqa: E402
     check_split_rollouts,
     role_advantages,
     rollout_advantages,

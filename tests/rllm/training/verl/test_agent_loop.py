@@ -30,7 +30,7 @@ from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: E402
 from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 
 from rllm.errors import ConfigurationError, PromptTooLongError  # noqa: E402
-from rllm.testing.scripted_tokens import Cut  # noqa: E402
+from rllm.offline.scripted_tokens import Cut  # noqa: E402
 from rllm.tracing import PolicyServer  # noqa: E402
 from rllm.training.verl.agent_loop import POLICY_SERVER_KWARG, RolloutOutcome, StrandsAgentLoop  # noqa: E402
 
@@ -262,7 +262,7 @@ async def test_a_cancelled_rollout_is_dropped_not_trained_with_reward_zero(token
 async def test_the_embedded_engine_aborting_a_written_tool_call_drops_the_rollout(tokenizer, tmp_path) -> None:
     # The real TransformersEngine behind the embedded rollout server, its tiny model forced to write the call;
     # the engine aborts right after it (what the server's abort_all_requests does at a weight sync).
-    from rllm.testing.tiny_models import ForcedCausalLM, build_tiny_qwen3
+    from rllm.offline.tiny_models import ForcedCausalLM, build_tiny_qwen3
     from rllm.training.verl.embedded.server import EmbeddedRolloutServer
 
     build_tiny_qwen3(tokenizer, out_dir=tmp_path)

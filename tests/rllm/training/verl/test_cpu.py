@@ -34,9 +34,9 @@ def actor_outputs() -> Any:
     from verl.trainer.ppo.core_algos import agg_loss
     from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 
-    from rllm.testing.chat_templates import load_chat_template
-    from rllm.testing.qwen_tokenizer import QwenVocab, build_qwen_tokenizer
-    from rllm.testing.tiny_models import build_tiny_qwen3
+    from rllm.offline.chat_templates import load_chat_template
+    from rllm.offline.qwen_tokenizer import QwenVocab, build_qwen_tokenizer
+    from rllm.offline.tiny_models import build_tiny_qwen3
 
     tokenizer = build_qwen_tokenizer(load_chat_template("qwen3"), QwenVocab.QWEN_FIRST_8K)
     model = build_tiny_qwen3(tokenizer)

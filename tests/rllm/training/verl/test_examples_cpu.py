@@ -49,9 +49,9 @@ from rag.testing import RetrievalServer  # noqa: E402
 from rllm.agents.search import search_verl_rows  # noqa: E402
 from rllm.data.hotpotqa import load_hotpotqa  # noqa: E402
 from rllm.data.verl_rows import write_parquet  # noqa: E402
-from rllm.testing.chat_templates import load_chat_template  # noqa: E402
-from rllm.testing.qwen_tokenizer import QwenVocab, build_qwen_tokenizer  # noqa: E402
-from rllm.testing.tiny_models import build_tiny_qwen3  # noqa: E402
+from rllm.offline.chat_templates import load_chat_template  # noqa: E402
+from rllm.offline.qwen_tokenizer import QwenVocab, build_qwen_tokenizer  # noqa: E402
+from rllm.offline.tiny_models import build_tiny_qwen3  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[4]
 TESTS = REPO / "tests"

@@ -11,7 +11,7 @@ import math
 import pytest
 
 from rllm.errors import TrainingGuardError
-from rllm.training.verl.guards import (
+from rllm.training.verl.trainer.guards import (
     PREFIX,
     GuardSettings,
     RolloutCounts,

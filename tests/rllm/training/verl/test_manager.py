@@ -51,8 +51,8 @@ pytestmark = pytest.mark.timeout(180)
 # ---------------------------------------------------------------- what raises out of run
 async def test_a_template_error_raises_out_of_run() -> None:
     """Qwen3's real template, edited to number its turns (so a turn renders differently in context)."""
-    from rllm.testing.chat_templates import FAMILIES
-    from rllm.testing.qwen_tokenizer import build_qwen_tokenizer
+    from rllm.offline.chat_templates import FAMILIES
+    from rllm.offline.qwen_tokenizer import build_qwen_tokenizer
 
     template = FAMILIES["qwen3"].template()
     loop_marker = "{%- for message in messages %}"

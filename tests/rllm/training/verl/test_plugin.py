@@ -48,7 +48,7 @@ def test_verls_model_patching_runs_for_a_qwen3_in_this_environment() -> None:
     from verl.models.transformers.monkey_patch import apply_monkey_patch
     from verl.utils.import_utils import is_trl_available
 
-    from rllm.testing.tiny_models import build_tiny_qwen3, build_tiny_tokenizer
+    from rllm.offline.tiny_models import build_tiny_qwen3, build_tiny_tokenizer
 
     model = build_tiny_qwen3(build_tiny_tokenizer())
     apply_monkey_patch(model, use_remove_padding=True)

@@ -2,7 +2,7 @@
 
 The recipe tests compose ``lookup_rloo`` with Hydra and verl's own validation (seconds). The proof's
 run through verl's trainer on a tiny configuration is the quickstart's test
-(``tests/rllm/eval/test_quickstart.py``), which runs the same ``run_verl_proof``.
+(``tests/rllm/proofs/test_quickstart.py``), which runs the same ``run_verl_proof``.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import pytest
 os.environ.setdefault("OTEL_SDK_DISABLED", "true")
 
 from rllm.agents.lookup import LOOKUP_BUDGET, LOOKUP_SYSTEM_PROMPT, LookupWorld  # noqa: E402
-from rllm.training.local.proof import ProofConfig  # noqa: E402
+from rllm.proofs.local_trainer import ProofConfig  # noqa: E402
 from rllm.training.verl.cpu import CPU_OVERRIDES  # noqa: E402
-from rllm.training.verl.guards import GuardSettings  # noqa: E402
-from rllm.training.verl.proof import RECIPE, verl_overrides, write_lookup_rows  # noqa: E402
+from rllm.training.verl.trainer.guards import GuardSettings  # noqa: E402
+from rllm.proofs.verl_trainer import RECIPE, verl_overrides, write_lookup_rows  # noqa: E402
 from rllm.training.verl.train import CONFIG_DIR, prepare_config, validate  # noqa: E402
 
 
@@ -62,8 +62,8 @@ def test_a_decaying_rl_learning_rate_is_verls_cosine_schedule_and_the_local_trai
     import torch
     from verl.utils.torch_functional import get_cosine_schedule_with_warmup
 
-    from rllm.eval.quickstart import quickstart_config
-    from rllm.training.local.proof import rl_learning_rate
+    from rllm.proofs.quickstart import quickstart_config
+    from rllm.proofs.local_trainer import rl_learning_rate
 
     config = quickstart_config("cpu")
     assert config.rl_lr_min_ratio < 1.0  # the quickstart decays; the proof's default stays constant
@@ -162,7 +162,7 @@ def test_the_recipes_tools_budget_and_scorer_answer_the_rows(tmp_path) -> None:
 ])
 def test_the_verl_proof_fails_by_the_local_proofs_rule(tmp_path, before, after, gap, expected) -> None:
     """The same thresholds judge both trainers: too small a rise, too low an end, a stale rollout, no validation."""
-    from rllm.training.verl.proof import VerlProofResult
+    from rllm.proofs.verl_trainer import VerlProofResult
 
     config = ProofConfig.for_device("cpu")
     result = VerlProofResult(config=config, eval_reward_before=before, eval_reward_after=after,

@@ -27,16 +27,16 @@ import torch
 pytest.importorskip("verl", reason="verl is not installed: the served-weights check needs the train extra")
 
 from rllm.errors import TrainingGuardError  # noqa: E402
-from rllm.training.verl import engine_weights  # noqa: E402
-from rllm.training.verl.engine_weights import (  # noqa: E402
+from rllm.training.verl.weights import engine_weights  # noqa: E402
+from rllm.training.verl.weights.engine_weights import (  # noqa: E402
     ServedWeights,
     combine_ranks,
     sglang_checksums,
     sglang_served_weights,
     unfused_tensors,
 )
-from rllm.training.verl.fingerprint import WeightFingerprint  # noqa: E402
-from rllm.training.verl.served_weights import ServedWeightsCheck  # noqa: E402
+from rllm.training.verl.weights.fingerprint import WeightFingerprint  # noqa: E402
+from rllm.training.verl.weights.served_weights import ServedWeightsCheck  # noqa: E402
 
 DTYPE = torch.bfloat16
 PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
@@ -287,7 +287,7 @@ def test_a_vllm_replica_is_read_through_its_server_actors_collective_rpc() -> No
 
     run = run_with_ray(
         "import sys, types, torch\n"
-        "from rllm.training.verl.engine_weights import vllm_served_weights\n"
+        "from rllm.training.verl.weights.engine_weights import vllm_served_weights\n"
         "@ray.remote\n"
         "class Server:\n"
         "    def __init__(self):\n"

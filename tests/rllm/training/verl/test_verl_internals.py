@@ -81,8 +81,8 @@ def test_verls_trainer_branches_on_the_sync_mode_and_the_guarded_trainer_is_regi
     from verl.trainer.ppo.v1.trainer_base import PPOTrainer
     from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
-    from rllm.training.verl.guards import GUARDED_MODE
-    from rllm.training.verl.runner import GuardedTrainer
+    from rllm.training.verl.trainer.guards import GUARDED_MODE
+    from rllm.training.verl.trainer.runner import GuardedTrainer
 
     init = inspect.getsource(PPOTrainer.__init__)
     assert "self.trainer_mode = self.config.trainer.v1.trainer_mode" in init  # read once, while initialising

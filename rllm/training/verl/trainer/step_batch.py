@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rllm.training.verl.guards import RolloutCounts, StepRollouts
+from rllm.training.verl.trainer.guards import RolloutCounts, StepRollouts
 
 _ROW_FIELDS = ("uid", "session_id", "rm_scores", "prompts", "extra_fields", "extra_info")
 
@@ -166,7 +166,7 @@ def write_rollout_advantages(batch: Any) -> Any:
     import transfer_queue as tq
     from tensordict import TensorDict
 
-    from rllm.training.verl.advantage import rollout_advantages
+    from rllm.training.verl.trainer.advantage import rollout_advantages
 
     data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
                            select_fields=["uid", "rm_scores", "response_mask"])

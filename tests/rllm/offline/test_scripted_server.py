@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from rllm.testing.scripted_server import ScriptedOpenAIServer, ScriptedReply, ScriptedToolCall
+from rllm.offline.scripted_server import ScriptedOpenAIServer, ScriptedReply, ScriptedToolCall
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 

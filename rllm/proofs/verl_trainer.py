@@ -1,6 +1,6 @@
 """The learning proof through verl's own trainer: the local proof's task and warm start, then verl's RLOO.
 
-``run_verl_proof`` runs ``rllm.training.local.proof``'s two-hop lookup proof with verl in place of
+``run_verl_proof`` runs ``rllm.proofs.local_trainer``'s two-hop lookup proof with verl in place of
 ``LocalRLOOTrainer``: the same model, demonstrations and warm start (``LearningProof.demonstrations``
 and ``warm_start``), the warm-started model and tokenizer saved with ``save_pretrained``, the
 training and held-out boxes written as verl rows (``rllm.agents.lookup.lookup_verl_rows``), and
@@ -35,7 +35,7 @@ from typing import Any
 
 from rllm.agents.lookup import DATA_SOURCE, LookupTask, lookup_verl_rows
 from rllm.data.verl_rows import write_parquet
-from rllm.training.local.proof import LearningProof, ProofConfig
+from rllm.proofs.local_trainer import LearningProof, ProofConfig
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ PROMPT_LENGTH = 512
 VAL_PREFIX = f"val-core/{DATA_SOURCE}/reward/mean@"
 """verl's held-out reward: the mean over every sample of every held-out box (``mean@<val_kwargs.n>``)."""
 GAP_METRIC = "rllm/guard/logprob_gap_max"
-"""Largest |rollout - actor| log-prob over a step's sampled tokens (``rllm.training.verl.guards``)."""
+"""Largest |rollout - actor| log-prob over a step's sampled tokens (``rllm.training.verl.trainer.guards``)."""
 
 
 @dataclass

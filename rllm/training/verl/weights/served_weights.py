@@ -2,14 +2,14 @@
 
 After verl's sync, the FSDP actor fingerprints the parameters it holds (in its own process, in the
 rollout's dtype, gathering each shard as verl's sync does) and every rollout server fingerprints the
-weights it serves (``rllm.training.verl.fingerprint``). Any served tensor whose digest is not the
+weights it serves (``rllm.training.verl.weights.fingerprint``). Any served tensor whose digest is not the
 actor's stops the run with the step and the tensor's name: a sync that re-sent old tensors, skipped
 one, merged a LoRA adapter wrongly or cast it differently. Transport checks (what arrived equals what
 was sent) cannot see an update that never reached the sender; this can.
 
 The embedded backend (``rllm_embedded``) and vLLM with one tensor-parallel rank answer in the actor's
 names and digests: compared value for value. SGLang, and vLLM over several ranks, answer in their own
-names and digests (``rllm.training.verl.engine_weights``): each served tensor must change exactly when
+names and digests (``rllm.training.verl.weights.engine_weights``): each served tensor must change exactly when
 the actor parameters it is made of change. ``rllm.guards.served_weights: false`` turns the check off.
 """
 
@@ -24,9 +24,9 @@ import torch
 
 from rllm.errors import TrainingGuardError
 from rllm.training.verl.embedded import BACKEND_NAME, server_name, serving_dtype
-from rllm.training.verl.engine_weights import ServedWeights, sglang_served_weights, vllm_served_weights
-from rllm.training.verl.fingerprint import WeightFingerprint
 from rllm.training.verl.verl_internals import actor_module, call_on_actor, rollout_replicas
+from rllm.training.verl.weights.engine_weights import ServedWeights, sglang_served_weights, vllm_served_weights
+from rllm.training.verl.weights.fingerprint import WeightFingerprint
 
 logger = logging.getLogger(__name__)
 

@@ -41,7 +41,7 @@ def test_the_quickstart_trains_through_verls_trainer_and_evaluates_the_trained_p
         pytest.importorskip(module, reason=f"{module} is not installed: the quickstart needs the train extra")
     from transformers import AutoModelForCausalLM
 
-    from rllm.eval import quickstart
+    from rllm.proofs import quickstart
 
     code = quickstart.main(["--out", str(tmp_path), "--device", "cpu", "--rl-steps", "2", "--eval-every", "1",
                             "--no-progress", *PLUMBING_ONLY], **TINY)

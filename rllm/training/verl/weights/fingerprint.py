@@ -4,7 +4,7 @@ The rollout server fingerprints the weights it serves and the FSDP actor the par
 trained, each in its own process and in the serving dtype; equal weights give equal fingerprints
 bit for bit, whatever the thread count or device, and a stale, partly loaded, permuted or
 differently cast tensor does not. Comparing the two after every weight sync proves that the policy
-being sampled is the policy being trained (``rllm.training.verl.runner``).
+being sampled is the policy being trained (``rllm.training.verl.trainer.runner``).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from rllm.testing.uvicorn_thread import UvicornThread
+from rllm.offline.uvicorn_thread import UvicornThread
 from rllm.tokens.renderer import content_text
 
 logger = logging.getLogger(__name__)

@@ -45,10 +45,10 @@ from rllm.agents.lookup import (
     score_lookup_answer,
 )
 from rllm.engine.rollout.transformers_engine import TransformersEngine
-from rllm.testing.chat_templates import load_chat_template
-from rllm.testing.qwen_tokenizer import QwenVocab, build_qwen_tokenizer
-from rllm.testing.scripted_tokens import MessageScriptedEngine
-from rllm.testing.tiny_models import build_tiny_qwen3
+from rllm.offline.chat_templates import load_chat_template
+from rllm.offline.qwen_tokenizer import QwenVocab, build_qwen_tokenizer
+from rllm.offline.scripted_tokens import MessageScriptedEngine
+from rllm.offline.tiny_models import build_tiny_qwen3
 from rllm.tokens.renderer import content_text
 from rllm.training.local.batch import pad_rollouts
 from rllm.training.local.rloo import LocalRLOOTrainer, default_actor_config

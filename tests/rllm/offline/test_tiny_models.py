@@ -12,7 +12,7 @@ import pytest
 import torch
 import transformers
 
-from rllm.testing.tiny_models import (
+from rllm.offline.tiny_models import (
     ADDED_TOKENS,
     CHAT_TEMPLATE,
     SPECIAL_TOKENS,

@@ -12,7 +12,7 @@ factory may vary), ``min_rollouts_per_group``, ``max_truncated_share``, ``max_co
 tools that never calls one: a parser that never matches the model's format; a warning at the first
 step), ``max_malformed_tool_call_share``, tool calls falling to zero (a warning), most rollouts split
 at every call (a warning), and a non-finite loss, entropy or NaN gradient norm (always).
-``GuardedTrainer`` (``rllm.training.verl.runner``) calls them; the table of guards, their metrics and the
+``GuardedTrainer`` (``rllm.training.verl.trainer.runner``) calls them; the table of guards, their metrics and the
 faults that show each one stopping verl's trainer is in docs/training-verl.md.
 """
 
@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 GUARDED_MODE = "rllm_sync"
 """``trainer.v1.trainer_mode`` under which the guards run: verl's synchronous trainer with rllm's guards
-(``rllm.training.verl.runner.GuardedTrainer``); verl's own ``sync`` runs without them."""
+(``rllm.training.verl.trainer.runner.GuardedTrainer``); verl's own ``sync`` runs without them."""
 GUARDS_KEY = "rllm.guards"
 """Where the recipe holds the guard settings (the fields of ``GuardSettings``)."""
 PREFIX = "rllm/guard/"
@@ -66,7 +66,7 @@ class GuardSettings:
             malformed (1.0: every one of them).
         warn_on_tool_collapse: Warn when tool calls per episode fall to zero after being above it.
         served_weights: After every weight sync, compare what the rollout servers serve with the actor's
-            parameters (``rllm.training.verl.served_weights``).
+            parameters (``rllm.training.verl.weights.served_weights``).
     """
 
     max_logprob_gap: float | None = 0.1

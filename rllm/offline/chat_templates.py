@@ -3,7 +3,7 @@
 Most come from the installed PyPI package ``trl`` (``trl/chat_templates/*.jinja``: byte-identical
 copies of the hub templates, which trl's own tests compare against the hub tokenizers); they are
 read from the package, never copied here. A family trl lacks is carried in
-``rllm/testing/templates/`` with its source named in the README beside it.
+``rllm/offline/templates/`` with its source named in the README beside it.
 
 Each ``TemplateFamily`` also says which of Qwen's vocabularies its models use and which tool-call
 parser reads what they write, so a test can build exactly what a user of that model would run.
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rllm.testing.qwen_tokenizer import QwenVocab, build_qwen_tokenizer
+from rllm.offline.qwen_tokenizer import QwenVocab, build_qwen_tokenizer
 
 _CARRIED_DIR = Path(__file__).with_name("templates")
 

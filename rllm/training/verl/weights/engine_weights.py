@@ -4,7 +4,7 @@ vLLM (``rollout.name=vllm``): a function rllm sends through verl's ``vLLMHttpSer
 runs in every vLLM worker. With one tensor-parallel rank it splits vLLM's fused tensors back into
 the checkpoint's (``qkv_proj`` into ``q_proj``/``k_proj``/``v_proj`` by the layer's ``output_sizes``,
 ``gate_up_proj`` likewise, by the model's own ``packed_modules_mapping``; padded vocabulary rows
-dropped) and fingerprints each exactly as the actor does (``rllm.training.verl.fingerprint``): the two
+dropped) and fingerprints each exactly as the actor does (``rllm.training.verl.weights.fingerprint``): the two
 are compared value for value. With several ranks each worker fingerprints its own shards under
 vLLM's names, and the replica's tensors are compared for change only (below). verl's
 ``collective_rpc`` returns nothing, so each worker writes its answer to a file on its node and rllm
@@ -42,8 +42,8 @@ import ray
 import torch
 
 from rllm.errors import TrainingGuardError
-from rllm.training.verl.fingerprint import WeightFingerprint, tensor_digest
 from rllm.training.verl.verl_internals import call_on_actor
+from rllm.training.verl.weights.fingerprint import WeightFingerprint, tensor_digest
 
 PACKED_MODULES: dict[str, tuple[str, ...]] = {"qkv_proj": ("q_proj", "k_proj", "v_proj"),
                                               "gate_up_proj": ("gate_proj", "up_proj")}

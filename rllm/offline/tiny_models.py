@@ -281,8 +281,8 @@ def build_random_qwen3_dir(out_dir: Path | None = None) -> Path:
     small (hidden 64, 2 layers) so a rollout runs in seconds on a few CPU cores. Built once into
     ``out_dir`` (default ``$RLLM_CACHE_DIR/random-qwen3-v1``) and reused while its files are there.
     """
-    from rllm.testing.chat_templates import FAMILIES
-    from rllm.testing.qwen_tokenizer import cache_root
+    from rllm.offline.chat_templates import FAMILIES
+    from rllm.offline.qwen_tokenizer import cache_root
 
     out_dir = Path(out_dir) if out_dir is not None else cache_root() / RANDOM_QWEN3_DIR_NAME
     if (out_dir / "config.json").is_file() and (out_dir / "model.safetensors").is_file():

@@ -57,7 +57,7 @@ boxes 953-1000 of boxes numbered 1..1000; with random boxes (``LookupWorld``) 20
 
 def quickstart_config(device: str, seed: int = 0, **overrides: Any) -> Any:
     """The learning proof's configuration for ``device`` with ``QUICKSTART`` and then ``overrides`` applied."""
-    from rllm.training.local.proof import ProofConfig
+    from rllm.proofs.local_trainer import ProofConfig
 
     return ProofConfig.for_device(device, seed=seed, **{**QUICKSTART, **{k: v for k, v in overrides.items()
                                                                           if v is not None}})
@@ -79,7 +79,7 @@ async def _evaluate(model_dir: Path, tokenizer_dir: Path, config: Any, episodes_
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rllm.engine.rollout.transformers_engine import TransformersEngine
-    from rllm.training.local.proof import CHAT_TEMPLATE_KWARGS
+    from rllm.proofs.local_trainer import CHAT_TEMPLATE_KWARGS
     from rllm.workflows import AgentWorkflowEngine, StrandsWorkflow
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
@@ -154,8 +154,8 @@ def main(argv: list[str] | None = None, **config_overrides: Any) -> int:
     logging.getLogger("strands").setLevel(logging.ERROR)
     import torch
 
-    from rllm.training.local.proof import plot_learning_curve
-    from rllm.training.verl.proof import run_verl_proof
+    from rllm.proofs.local_trainer import plot_learning_curve
+    from rllm.proofs.verl_trainer import run_verl_proof
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     config = quickstart_config(device, args.seed, **{"rl_steps": args.rl_steps, "warm_steps": args.warm_steps,

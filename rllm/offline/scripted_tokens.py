@@ -24,7 +24,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 
 from rllm.engine.rollout.token_engine import TokenEngine, TokenOutput, TokenSession
-from rllm.testing.scripted_server import ScriptedOpenAIServer
+from rllm.offline.scripted_server import ScriptedOpenAIServer
 from rllm.tokens.renderer import ChatRenderer
 
 

@@ -3,11 +3,11 @@
 ``GuardedTrainer`` is verl's ``PPOTrainerSync`` registered with verl's public ``register_trainer``
 as ``trainer.v1.trainer_mode=rllm_sync`` (the recipes' mode; verl's own ``sync`` stays verl's). It
 adds, per step: the group audit as soon as the rewards are in (before the actor sees the batch), the
-rollout guards of ``rllm.training.verl.guards`` once verl has the audited log-probs (before the
+rollout guards of ``rllm.training.verl.trainer.guards`` once verl has the audited log-probs (before the
 update), RLOO counted per rollout when a rollout came back as several samples
-(``rllm.training.verl.advantage``), the loss guard right after the update (before the checkpoint
+(``rllm.training.verl.trainer.advantage``), the loss guard right after the update (before the checkpoint
 and the weight sync), and after every weight sync the served weights compared with the actor's by fingerprint
-(``rllm.training.verl.served_weights``: the embedded backend, vLLM, SGLang). A stop logs the step's metrics
+(``rllm.training.verl.weights.served_weights``: the embedded backend, vLLM, SGLang). A stop logs the step's metrics
 first, so the tracker shows what stopped it, and ends the run with ``TrainingGuardError`` naming the
 step. A run that ends without one step whose rewards varied in a group fails "no learning signal"
 (``TrainingGuards.check_run_end``). ``GuardedTaskRunner`` is verl's ``TaskRunnerV1``, which
@@ -32,8 +32,8 @@ from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
 from rllm.errors import TrainingGuardError
-from rllm.training.verl.advantage import check_split_rollouts, split_rollouts
-from rllm.training.verl.guards import (
+from rllm.training.verl.trainer.advantage import check_split_rollouts, split_rollouts
+from rllm.training.verl.trainer.guards import (
     GUARDED_MODE,
     GUARDS_KEY,
     PREFIX,
@@ -44,8 +44,7 @@ from rllm.training.verl.guards import (
     summary_line,
     zero_advantage_share,
 )
-from rllm.training.verl.served_weights import ServedWeightsCheck, actor_fingerprint, served_weights
-from rllm.training.verl.step_batch import (
+from rllm.training.verl.trainer.step_batch import (
     LogProbPairs,
     audit_logprob_pairs,
     read_advantages,
@@ -54,6 +53,7 @@ from rllm.training.verl.step_batch import (
     write_rollout_advantages,
 )
 from rllm.training.verl.verl_internals import SYNC_MODE, ray_actor_class
+from rllm.training.verl.weights.served_weights import ServedWeightsCheck, actor_fingerprint, served_weights
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ class GuardedTrainer(PPOTrainerSync):
 
     # ------------------------------------------------------------------ weights
     def _check_served_weights(self) -> None:
-        """After a sync: the rollout servers serve the actor's weights (``rllm.training.verl.served_weights``)."""
+        """After a sync: the rollout servers serve the actor's weights (``weights.served_weights``)."""
         if not self._guards.settings.served_weights:
             return
         rollout = self.config.actor_rollout_ref.rollout

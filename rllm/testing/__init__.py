@@ -1,1 +1,0 @@
-"""Offline stand-ins for tests and demos: scripted servers and policies, real Qwen tokenizers, tiny models."""
