@@ -1,4 +1,4 @@
-"""The retrieval server's command line: ``python -m rag.server`` (``rag.server.main`` hands over to ``main`` here).
+"""The retrieval server's command line: ``python -m rag.server`` (``rag.server`` run as a script runs this module).
 
 Parses the flags, checks the HTTP limits, loads the index in a thread that ends with the load, and
 serves ``rag.server.create_app`` with granian (or uvicorn) until SIGINT/SIGTERM.
@@ -141,3 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     serve(create_app(retriever, settings), args.host, args.port, limits, server=args.http_server,
           log_level=args.log_level, access_log=args.access_log, drain_timeout=args.drain_timeout)
 
+
+
+if __name__ == "__main__":
+    main()

@@ -43,7 +43,7 @@ from rag.schemas import (
 )
 
 __all__ = ["DEFAULT_TOP_K", "BatchRetrieveRequest", "BatchRetrieveResponse", "Passage", "RetrievalApp",
-           "RetrieveRequest", "RetrieveResponse", "RetrieverLike", "ServerSettings", "create_app", "main",
+           "RetrieveRequest", "RetrieveResponse", "RetrieverLike", "ServerSettings", "create_app",
            "token_from_env"]
 
 logger = logging.getLogger(__name__)
@@ -425,12 +425,9 @@ def token_from_env(environ: Mapping[str, str] | None = None) -> str | None:
     return token
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Load the index named on the command line and serve it until SIGINT/SIGTERM (``rag.cli.main``)."""
-    from rag.cli import main as cli_main
-
-    cli_main(argv)
-
-
 if __name__ == "__main__":
-    main()
+    # ``python -m rag.server`` runs the command line, which lives in rag/cli.py and imports this module (so this
+    # module imports nothing of it): load the index named on the command line and serve it until SIGINT/SIGTERM.
+    import runpy
+
+    runpy.run_module("rag.cli", run_name="__main__")
