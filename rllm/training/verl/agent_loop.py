@@ -450,7 +450,7 @@ class StrandsAgentLoop(AgentLoopBase):
 
     def _outputs(self, finished: FinishedRollout, row: dict[str, Any], *,
                  num_tools: int | None = None) -> list[AgentLoopOutput]:
-        """One ``AgentLoopOutput`` per sample of a finished rollout, masked when not ``scored`` (infra, cancelled).
+        """One ``AgentLoopOutput`` per sample of a finished rollout, as sampled (``run`` drops one not ``scored``).
 
         Every sample carries the rollout's ``extra_fields`` (the last one is scored) plus its
         ``sample_index``, the node (``agent``) whose sample it is, and the rollout's ``num_samples``;
@@ -482,12 +482,7 @@ class StrandsAgentLoop(AgentLoopBase):
             extra.update(min_global_steps=int(low), max_global_steps=int(high if high is not None else low))
         metrics = AgentLoopMetrics(generate_sequences=finished.generation_seconds, tool_calls=finished.tool_seconds,
                                    num_preempted=finished.num_preempted)
-        outputs = []
-        for index, sample in enumerate(samples):
-            fields = dict(sample)
-            if not end.scored:
-                fields["response_mask"] = [0] * len(fields["response_ids"])
-            outputs.append(AgentLoopOutput(**fields, metrics=metrics, extra_fields={
-                **extra, "sample_index": index, "agent": finished.sample_names[index]}))
-        return outputs
+        return [AgentLoopOutput(**sample, metrics=metrics, extra_fields={
+                    **extra, "sample_index": index, "agent": finished.sample_names[index]})
+                for index, sample in enumerate(samples)]
 

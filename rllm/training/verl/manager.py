@@ -22,7 +22,7 @@ Every batch goes through it: training steps, DAPO refills and validation. Waitin
 inside ``generate_sequences`` costs nothing with verl's synchronous trainer (``trainer.v1.trainer_mode:
 rllm_sync``, the recipes', or verl's plain ``sync``), which waits for them anyway before sampling;
 the asynchronous modes would lose their overlap, so it refuses them. State lives on the manager and
-worker instances only. The private parts of verl's worker it extends are listed in ``verl_internals``.
+worker instances only. The private parts of verl's worker and manager it uses are listed in ``verl_internals``.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from rllm.errors import InfrastructureFailureRateError, SystemicFailureError
 from rllm.tracing.policy_server import PolicyServer
 from rllm.training.verl.agent_loop import OUTCOME_KWARG, POLICY_SERVER_KWARG, RolloutOutcome
 from rllm.training.verl.trainer.guards import GUARDED_MODE
-from rllm.training.verl.verl_internals import SYNC_MODE, ray_actor_class
+from rllm.training.verl.verl_internals import SYNC_MODE, agent_loop_workers, ray_actor_class, use_agent_loop_worker
 
 logger = logging.getLogger(__name__)
 
@@ -157,14 +157,14 @@ class StrandsAgentLoopManager(AgentLoopManagerTQ):
         if share is not None and not 0 <= float(share) <= 1:
             raise ValueError(f"{SHARE_KEY} must be between 0 and 1 (or null), got {share}")
         self.max_infra_failure_share = None if share is None else float(share)
-        self.agent_loop_workers_class = ray.remote(StrandsAgentLoopWorker)
+        use_agent_loop_worker(self, StrandsAgentLoopWorker)
         self.last_report: BatchReport | None = None
 
     def generate_sequences(self, prompts: Any) -> None:
         """Dispatch the batch to the workers, wait for its rollouts, and raise if it must not be used."""
-        chunks = prompts.chunk(len(self.agent_loop_workers))
-        refs = [worker.generate_sequences.remote(chunk)
-                for worker, chunk in zip(self.agent_loop_workers, chunks, strict=False)]
+        workers = agent_loop_workers(self)
+        chunks = prompts.chunk(len(workers))
+        refs = [worker.generate_sequences.remote(chunk) for worker, chunk in zip(workers, chunks, strict=False)]
         self.check(ray.get(refs))
 
     def check(self, reports: list[BatchReport]) -> BatchReport:

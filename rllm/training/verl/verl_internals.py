@@ -9,10 +9,21 @@ task runner (``run_ppo``'s argument). What it does not offer, rllm takes from he
 * ``use_gloo_process_group``: ``verl.workers.engine_workers.initialize_global_process_group_ray``,
   the function the FSDP worker calls by name to start its process group (a CPU run needs gloo alone);
 * ``TRAINER_STEP_HOOKS``: the private methods of verl's v1 trainer that the guarded trainer extends
-  (``PPOTrainer._step_once`` calls them in this order) and ``SYNC_MODE``, the trainer mode verl's
-  trainer compares itself with (``self.trainer_mode == "sync"``) to pick its synchronous replay buffer;
+  (``PPOTrainer._step_once`` calls them in this order), ``TRAINER_CALLBACKS``, the undocumented
+  callbacks it extends, and ``trainer_tracker``, the trainer's metrics tracker (``self.logger``);
+* ``as_sync_mode`` and ``SYNC_MODE``: verl's trainer compares its mode with ``"sync"``
+  (``self.trainer_mode == "sync"``) to pick its synchronous replay buffer, so the guarded trainer
+  (mode ``rllm_sync``) initialises under ``sync``;
 * ``WORKER_HOOKS`` and ``WORKER_ATTRIBUTES``: the private methods and attribute of verl's TransferQueue
-  agent-loop worker that the stopping manager extends and reads;
+  agent-loop worker that the stopping manager extends and reads (a rollout whose ``run`` returns no
+  sample reaches neither verl's reward function nor TransferQueue: ``_agent_loop_postprocess``
+  returns first);
+* ``use_agent_loop_worker`` and ``agent_loop_workers``: the agent-loop manager's
+  ``agent_loop_workers_class`` (what ``create`` starts) and ``agent_loop_workers`` (the started
+  actors), undocumented attributes of verl's ``AgentLoopManager``;
+* ``set_replica_servers``: a ``RolloutReplica``'s ``servers`` and its private ``_server_handle`` and
+  ``_server_address``, which ``launch_servers`` must set (verl's ``LLMServerManager`` reads the private
+  names) and ``SERVER_METHODS``, what verl calls by name on a replica's server actor;
 * ``ray_actor_class``: a Ray actor's Python class (``__ray_actor_class__``), to subclass verl's
   ``TaskRunnerV1`` and agent-loop worker;
 * ``call_on_actor``: Ray's ``__ray_call__``, which runs a function on a live actor (the FSDP workers'
@@ -31,9 +42,10 @@ it or stops calling it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -44,10 +56,17 @@ SYNC_MODE = "sync"
 """verl's synchronous trainer mode: its trainer checks ``self.trainer_mode == SYNC_MODE``."""
 TRAINER_STEP_HOOKS = ("_compute_old_log_prob", "_compute_advantage", "_update_actor", "_compute_metrics")
 """Private methods of verl's v1 ``PPOTrainer`` the guarded trainer extends (``_step_once`` and ``fit`` call them)."""
+TRAINER_CALLBACKS = ("prepare_step", "on_init_end", "on_step_end")
+"""Undocumented callbacks of verl's v1 ``PPOTrainer`` that the guarded trainer extends (``step``, ``init``, ``fit``
+call them)."""
 WORKER_HOOKS = ("_run_agent_loop", "_agent_loop_postprocess")
 """Private methods of verl's ``AgentLoopWorkerTQ`` that ``StrandsAgentLoopWorker`` extends."""
 WORKER_ATTRIBUTES = ("background_tasks",)
 """Private state of verl's ``AgentLoopWorkerTQ`` that ``StrandsAgentLoopWorker`` reads (the rollouts in flight)."""
+SERVER_METHODS = ("generate", "wake_up", "sleep", "abort_all_requests", "resume_generation", "clear_kv_cache",
+                  "release_kv_cache", "resume_kv_cache", "start_profile", "stop_profile")
+"""What verl calls by name on a rollout replica's server actors (``RolloutReplica``, ``LLMServerClient``): the
+embedded backend's ``EmbeddedRolloutServer`` answers each."""
 ACTOR_ROLES = ("actor_rollout", "actor_rollout_ref")
 """Keys of the actor (with rollout, and with the reference policy) worker in verl's fused ``WorkerDict``
 (``str(Role.ActorRollout)``, ``str(Role.ActorRolloutRef)``)."""
@@ -144,3 +163,51 @@ def actor_module(fused_worker: Any) -> Any:
 def rollout_replicas(trainer: Any) -> list[Any]:
     """The rollout replicas verl's v1 trainer serves from (``RolloutReplica``: ``servers``, ``server_address``)."""
     return list(trainer.llm_server_manager.get_replicas())
+
+
+@contextlib.contextmanager
+def as_sync_mode(config: Any) -> Iterator[None]:
+    """The config's ``trainer.v1.trainer_mode`` set to ``SYNC_MODE`` while verl's trainer initialises, then restored.
+
+    verl's ``PPOTrainer.__init__`` keeps the mode (``self.trainer_mode``) and picks its synchronous replay
+    buffer, and later its synchronous checkpoint and refill rules, by comparing it with ``"sync"``.
+    """
+    mode = config.trainer.v1.trainer_mode
+    config.trainer.v1.trainer_mode = SYNC_MODE
+    try:
+        yield
+    finally:
+        config.trainer.v1.trainer_mode = mode
+
+
+def trainer_tracker(trainer: Any) -> Any | None:
+    """The trainer's metrics tracker (verl's ``Tracking``, made by ``fit``); ``None`` before ``fit`` made it."""
+    return getattr(trainer, "logger", None)
+
+
+def use_agent_loop_worker(manager: Any, worker_cls: type) -> None:
+    """Make verl's agent-loop manager start ``worker_cls`` (a plain class) as its Ray workers.
+
+    The pinned verl's ``AgentLoopManager.create`` builds the manager, then starts
+    ``manager.agent_loop_workers_class`` (an undocumented attribute), so setting it in ``__init__`` suffices.
+    """
+    import ray
+
+    manager.agent_loop_workers_class = ray.remote(worker_cls)
+
+
+def agent_loop_workers(manager: Any) -> list[Any]:
+    """The Ray actors verl's agent-loop manager started (``manager.agent_loop_workers``), in verl's order."""
+    return list(manager.agent_loop_workers)
+
+
+def set_replica_servers(replica: Any, servers: list[Any], address: str) -> None:
+    """What a ``RolloutReplica.launch_servers`` leaves behind: its server actors, the first one leading, and address.
+
+    verl's ``LLMServerManager`` reads the private ``_server_handle`` and ``_server_address`` of each
+    replica (its load balancer routes ``generate`` calls to that handle under that address), and
+    ``RolloutReplica`` forwards ``wake_up``, ``sleep``, ... to every one of ``servers``.
+    """
+    replica.servers = list(servers)
+    replica._server_handle = replica.servers[0]
+    replica._server_address = address

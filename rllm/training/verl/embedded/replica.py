@@ -8,7 +8,7 @@ import ray
 
 from rllm.training.verl.embedded import BACKEND_NAME, server_name
 from rllm.training.verl.embedded.server import EmbeddedRolloutServer
-from rllm.training.verl.verl_internals import call_on_actor
+from rllm.training.verl.verl_internals import call_on_actor, set_replica_servers
 
 
 def _replica_base() -> type:
@@ -53,6 +53,4 @@ class EmbeddedReplica(_replica_base()):  # type: ignore[misc]
             max_concurrency=self.max_concurrency,
             num_cpus=0,
         ).remote(self.config, self.model_config, self.replica_rank, "cuda" if device == "cuda" else "cpu")
-        self.servers = [server]
-        self._server_handle = server
-        self._server_address = f"{BACKEND_NAME}:{self.replica_rank}"
+        set_replica_servers(self, [server], f"{BACKEND_NAME}:{self.replica_rank}")

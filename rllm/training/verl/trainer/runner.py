@@ -12,17 +12,15 @@ first, so the tracker shows what stopped it, and ends the run with ``TrainingGua
 step. A run that ends without one step whose rewards varied in a group fails "no learning signal"
 (``TrainingGuards.check_run_end``). ``GuardedTaskRunner`` is verl's ``TaskRunnerV1``, which
 ``rllm.training.verl.train`` hands to verl's ``run_ppo``; it imports this module in the task runner's
-process, where verl looks the trainer up. The private verl methods extended here are listed and
-pinned in ``verl_internals``.
+process, where verl looks the trainer up. The private verl methods and attributes used here are listed
+and pinned in ``verl_internals``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import ray
@@ -52,7 +50,7 @@ from rllm.training.verl.trainer.step_batch import (
     read_step,
     write_rollout_advantages,
 )
-from rllm.training.verl.verl_internals import SYNC_MODE, ray_actor_class
+from rllm.training.verl.verl_internals import as_sync_mode, ray_actor_class, trainer_tracker
 from rllm.training.verl.weights.served_weights import ServedWeightsCheck, actor_fingerprint, served_weights
 
 logger = logging.getLogger(__name__)
@@ -63,23 +61,12 @@ BYPASS_KEY = "algorithm.rollout_correction.bypass_mode"
 """verl's switch that trains against the rollout's own log-probs instead of recomputing them with the actor."""
 
 
-@contextlib.contextmanager
-def _as_sync_mode(config: Any) -> Iterator[None]:
-    """The config with trainer mode ``sync`` while verl's trainer initialises (it branches on ``== "sync"``)."""
-    mode = config.trainer.v1.trainer_mode
-    config.trainer.v1.trainer_mode = SYNC_MODE
-    try:
-        yield
-    finally:
-        config.trainer.v1.trainer_mode = mode
-
-
 @register_trainer(GUARDED_MODE)
 class GuardedTrainer(PPOTrainerSync):
     """verl's synchronous trainer plus rllm's training guards (see the module docstring)."""
 
     def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
-        with _as_sync_mode(config):
+        with as_sync_mode(config):  # verl's trainer branches on its mode being "sync" while it initialises
             super().__init__(config, *args, **kwargs)
         block = OmegaConf.select(self.config, GUARDS_KEY, default=None)
         values = OmegaConf.to_container(block, resolve=True) if block is not None else {}
@@ -90,7 +77,7 @@ class GuardedTrainer(PPOTrainerSync):
         self._rollouts = StepRollouts(groups=[], rewards=[])
 
     def _stop(self, error: TrainingGuardError, metrics: dict) -> None:
-        tracker = getattr(self, "logger", None)
+        tracker = trainer_tracker(self)
         if tracker is not None:
             tracker.log(data=dict(metrics), step=self.global_steps)
         raise error

@@ -72,23 +72,37 @@ def test_verls_trainer_still_calls_the_hooks_the_guarded_trainer_extends() -> No
     for hook in verl_internals.TRAINER_STEP_HOOKS:
         assert callable(getattr(PPOTrainer, hook)), hook
         assert f"self.{hook}(" in step_once + fit, f"verl no longer calls {hook}"
-    assert "self.prepare_step()" in inspect.getsource(PPOTrainer.step)
-    assert "self.on_step_end()" in fit
+    callers = {"prepare_step": PPOTrainer.step, "on_init_end": PPOTrainer.init, "on_step_end": PPOTrainer.fit}
+    assert set(callers) == set(verl_internals.TRAINER_CALLBACKS)
+    for callback, caller in callers.items():
+        assert f"self.{callback}()" in inspect.getsource(caller), f"verl no longer calls {callback}"
+    # The guarded trainer logs a stopped step's metrics with verl's tracker, which fit makes and logs with.
+    assert "self.logger = Tracking(" in fit and "self.logger.log(data=metrics, step=self.global_steps)" in fit
+    tracker = object()
+    assert verl_internals.trainer_tracker(type("Trainer", (), {"logger": tracker})()) is tracker
+    assert verl_internals.trainer_tracker(object()) is None  # before fit
 
 
-def test_verls_trainer_branches_on_the_sync_mode_and_the_guarded_trainer_is_registered_as_its_own() -> None:
+def test_verls_trainer_picks_its_synchronous_buffer_for_the_guarded_mode_only_under_as_sync_mode() -> None:
+    from fixtures.verl_loop import compose
     from verl.trainer.ppo.v1 import get_trainer_cls
-    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
     from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
     from rllm.training.verl.trainer.guards import GUARDED_MODE
     from rllm.training.verl.trainer.runner import GuardedTrainer
 
-    init = inspect.getsource(PPOTrainer.__init__)
-    assert "self.trainer_mode = self.config.trainer.v1.trainer_mode" in init  # read once, while initialising
-    assert "self._build_replay_buffer()" in init
-    # the synchronous replay buffer and refill rules are chosen by comparing the mode with "sync"
-    assert f'self.trainer_mode == "{verl_internals.SYNC_MODE}"' in inspect.getsource(PPOTrainer._build_replay_buffer)
+    config = compose()
+    assert config.trainer.v1.trainer_mode == GUARDED_MODE
+    # verl's own synchronous trainer, given rllm's mode, takes its asynchronous replay buffer: verl branches on "sync".
+    assert type(PPOTrainerSync(config).replay_buffer) is ReplayBufferAsync
+    guarded = GuardedTrainer(config)
+    assert type(guarded.replay_buffer) is ReplayBuffer and guarded.trainer_mode == verl_internals.SYNC_MODE
+    assert config.trainer.v1.trainer_mode == GUARDED_MODE  # restored once verl has initialised
+    with pytest.raises(RuntimeError), verl_internals.as_sync_mode(config):
+        assert config.trainer.v1.trainer_mode == verl_internals.SYNC_MODE
+        raise RuntimeError
+    assert config.trainer.v1.trainer_mode == GUARDED_MODE
     assert get_trainer_cls(GUARDED_MODE) is GuardedTrainer and issubclass(GuardedTrainer, PPOTrainerSync)
     assert get_trainer_cls(verl_internals.SYNC_MODE) is PPOTrainerSync  # verl's own mode is left alone
 
@@ -107,6 +121,110 @@ def test_verls_agent_loop_worker_still_has_what_the_stopping_manager_extends() -
     # sample's keywords in its row, so _agent_loop_postprocess must take them out first.
     postprocess = inspect.getsource(AgentLoopWorkerTQ._agent_loop_postprocess)
     assert "field.update(kwargs)" in postprocess
+
+
+def test_verls_v1_worker_neither_scores_nor_stores_a_rollout_that_returned_no_sample(monkeypatch) -> None:
+    # What lets StrandsAgentLoop.run drop a rollout by returning [] (and no reward or mask be needed for it).
+    import asyncio
+
+    import verl.trainer.ppo.v1.agent_loop_tq as agent_loop_tq
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+
+    assert "await agent_loop.run(sampling_params, **kwargs)" in inspect.getsource(AgentLoopWorker._run_agent_loop)
+    cls = verl_internals.ray_actor_class(agent_loop_tq.AgentLoopWorkerTQ)
+    worker = cls.__new__(cls)
+
+    async def reached(*args, **kwargs):
+        raise AssertionError("verl scored or stored a rollout that returned no sample")
+
+    worker._compute_score = reached
+    monkeypatch.setattr(agent_loop_tq.tq, "async_kv_batch_put", reached)
+    assert asyncio.run(worker._agent_loop_postprocess([], False, uid="u", session_id=0)) is None
+    with pytest.raises(AssertionError, match="scored or stored"):  # one sample would reach both
+        asyncio.run(worker._agent_loop_postprocess([object()], False, uid="u", session_id=0))
+
+
+def test_verls_agent_loop_manager_starts_the_worker_rllm_names_and_keeps_it_where_rllm_reads_it(monkeypatch) -> None:
+    import ray
+    from fixtures.verl_loop import compose
+    from verl.trainer.main_ppo import TaskRunnerV1
+
+    from rllm.training.verl.manager import StrandsAgentLoopManager, StrandsAgentLoopWorker
+
+    # verl's task runner builds the configured manager with create(), which starts the workers after __init__.
+    runner = inspect.getsource(verl_internals.ray_actor_class(TaskRunnerV1).init_agent_loop_manager)
+    assert "self.agent_loop_manager = agent_loop_manager_cls.create(" in runner
+    started: list[type] = []
+
+    class ActorClass:  # what ray.remote(cls) hands verl: a class it starts actors of
+        def __init__(self, cls: type) -> None:
+            self.cls = cls
+
+        def options(self, **options):
+            return self
+
+        def remote(self, *args):
+            started.append(self.cls)
+            return f"worker-{len(started)}"
+
+    monkeypatch.setattr(ray, "remote", ActorClass)
+    monkeypatch.setattr(ray, "nodes", lambda: [{"NodeID": "a" * 56, "Alive": True, "Resources": {"CPU": 1.0}}])
+    config = compose("actor_rollout_ref.rollout.agent.num_workers=2")
+    manager = StrandsAgentLoopManager.create(config=config, llm_client=None, teacher_client=None,
+                                             reward_loop_worker_handles=None)
+    assert started == [StrandsAgentLoopWorker, StrandsAgentLoopWorker]
+    assert verl_internals.agent_loop_workers(manager) == ["worker-1", "worker-2"]
+
+
+def test_verls_server_manager_routes_to_the_server_and_address_a_replica_sets(monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    import verl.workers.rollout.router as router
+    from fixtures.verl_loop import compose
+    from verl.workers.rollout.llm_server import LLMServerManager
+    from verl.workers.rollout.replica import RolloutReplica
+
+    seen: dict[str, list[str]] = {}
+
+    class Replica(RolloutReplica):
+        async def launch_servers(self) -> None:
+            seen["workers"] = list(self.workers)  # verl hands the replica its workers first
+            rank = self.replica_rank
+            verl_internals.set_replica_servers(self, [f"server-{rank}", "second"], f"address-{rank}")
+
+    class Manager(LLMServerManager):
+        rollout_replica_class = Replica  # verl's hook for a recipe's replica class
+
+    monkeypatch.setattr(router, "get_router_handle", lambda servers, **kwargs: servers)
+    config = compose("actor_rollout_ref.rollout.tensor_model_parallel_size=1")
+    manager = Manager.create(config, worker_group=SimpleNamespace(world_size=1, workers=["fsdp-worker"]))
+    (replica,) = verl_internals.rollout_replicas(SimpleNamespace(llm_server_manager=manager))
+    assert seen["workers"] == ["fsdp-worker"]
+    assert manager.global_load_balancer == {"address-0": "server-0"}  # generate calls go to the leading server
+    assert replica.server_handle == "server-0" and replica.server_address == "address-0"
+    assert replica.servers == ["server-0", "second"]  # wake_up, sleep, ... reach every one
+
+
+def test_the_embedded_server_answers_every_call_verl_makes_on_a_rollout_server() -> None:
+    import ast
+
+    from verl.workers.rollout import llm_server, replica
+
+    from rllm.training.verl.embedded.server import EmbeddedRolloutServer
+
+    calls: dict[str, set[str]] = {}
+    for module in (replica, llm_server):
+        for node in ast.walk(ast.parse(inspect.getsource(module))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "remote"
+                    and isinstance(node.func.value, ast.Attribute) and isinstance(node.func.value.value, ast.Name)
+                    and node.func.value.value.id == "server"):
+                calls.setdefault(node.func.value.attr, set()).update(k.arg for k in node.keywords if k.arg)
+    assert set(calls) == set(verl_internals.SERVER_METHODS)
+    assert calls["generate"] >= {"request_id", "prompt_ids", "sampling_params"}
+    for name, keywords in calls.items():
+        method = getattr(EmbeddedRolloutServer, name)
+        assert inspect.iscoroutinefunction(method), name
+        inspect.signature(method).bind(None, **dict.fromkeys(keywords))  # verl's keywords, each accepted
 
 
 def test_the_task_runner_is_a_ray_actor_class() -> None:
