@@ -154,6 +154,11 @@ def call_on_actor(handle: Any, function: Callable[..., Any], *args: Any) -> Any:
     return handle.__ray_call__.remote(function, *args)
 
 
+def vllm_collective_rpc(server: Any, function: Callable[..., Any], *args: Any) -> Any:
+    """Run ``function(worker, *args)`` in every vLLM worker behind verl's server actor; its object ref."""
+    return getattr(server, VLLM_SERVER_RPC[2]).remote(function, args=args)
+
+
 def actor_module(fused_worker: Any) -> Any:
     """The FSDP actor's module inside verl's fused worker (``WorkerDict``), for the actor-side weight fingerprint."""
     role = next(role for role in ACTOR_ROLES if role in fused_worker.worker_dict)

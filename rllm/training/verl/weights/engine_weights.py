@@ -42,7 +42,7 @@ import ray
 import torch
 
 from rllm.errors import TrainingGuardError
-from rllm.training.verl.verl_internals import call_on_actor
+from rllm.training.verl.verl_internals import call_on_actor, vllm_collective_rpc
 from rllm.training.verl.weights.fingerprint import WeightFingerprint, tensor_digest
 
 PACKED_MODULES: dict[str, tuple[str, ...]] = {"qkv_proj": ("q_proj", "k_proj", "v_proj"),
@@ -166,7 +166,7 @@ def vllm_served_weights(replicas: list[list[Any]]) -> list[ServedWeights]:
     found = []
     for index, servers in enumerate(replicas):
         directory = ray.get(call_on_actor(servers[0], _make_directory))
-        ray.get(servers[0].collective_rpc.remote(vllm_worker_report, args=(directory,)))
+        ray.get(vllm_collective_rpc(servers[0], vllm_worker_report, directory))
         reports = [report for server in servers for report in ray.get(call_on_actor(server, _take_reports, directory))]
         found.append(combine_ranks(reports, index))
     return found
