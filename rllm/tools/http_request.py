@@ -34,8 +34,7 @@ from strands import tool
 from rllm.errors import BlockedDestinationError
 from rllm.transport import open_client
 
-__all__ = ["BlockedDestinationError", "fetch_url", "html_to_text", "make_http_request_tool", "parse_networks",
-           "resolve_public"]
+__all__ = ["fetch_url", "html_to_text", "make_http_request_tool", "parse_networks", "resolve_public"]
 
 _USER_AGENT = "rllm-agent/0.1 (+https://github.com/rllm-org/rllm)"
 _MAX_REDIRECTS = 5
