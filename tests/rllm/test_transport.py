@@ -15,6 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from rllm.engine.rollout.http import engine_error
+from rllm.engine.rollout.openai_engine import OpenAIEngine
 from rllm.errors import (
     ContextLengthExceededError,
     EngineRequestError,
@@ -22,6 +23,7 @@ from rllm.errors import (
     EngineUnavailableError,
     RLLMError,
 )
+from rllm.testing.scripted_server import ScriptedReply
 from rllm.testing.uvicorn_thread import UvicornThread
 from rllm.transport import HTTPFailure, HTTPTransport, describe_error
 
@@ -249,6 +251,22 @@ async def test_one_pool_per_event_loop(server) -> None:
     assert await asyncio.to_thread(in_new_loop) == {"ok": 1}
     assert await asyncio.to_thread(in_new_loop) == {"ok": 1}
     assert await transport.request_json("GET", "/echo") == {"ok": 1}
+
+
+async def test_openai_engine_sends_vllms_sampling_extensions_beside_the_standard_fields(serve) -> None:
+    """On plain HTTP the allow-listed extensions reach the server (the openai SDK refused ``top_k`` with a TypeError)."""
+    server = serve(lambda body: ScriptedReply(content="ok"))
+    engine = OpenAIEngine("scripted", server.base_url, return_token_ids=True, top_k=20, min_p=0.05)
+
+    output = await engine.get_model_response([{"role": "user", "content": "hi"}], repetition_penalty=1.1,
+                                             chat_template_kwargs={"enable_thinking": False})
+    await engine.close()
+
+    sent = server.requests[0]
+    assert (sent["top_k"], sent["min_p"], sent["repetition_penalty"]) == (20, 0.05, 1.1)
+    assert sent["chat_template_kwargs"] == {"enable_thinking": False}
+    assert sent["return_token_ids"] is True and "extra_body" not in sent
+    assert output.text == "ok" and output.completion_ids and output.prompt_ids  # vLLM's extra fields are read
 
 
 @pytest.mark.parametrize(("failure", "expected"), [
