@@ -1,8 +1,8 @@
 """Client side of the retrieval service: ``RetrievalClient`` and the Strands ``local_search`` tool.
 
-Needs only the core install (httpx, tenacity, strands). One pooled ``httpx.AsyncClient`` per event
-loop; connection failures, timeouts and 502/503/504 are retried with capped, jittered backoff
-(a 503's ``Retry-After`` is honoured).
+Needs only the core install (httpx, tenacity, strands). Requests go through ``rllm.transport``: one
+pooled ``httpx.AsyncClient`` per event loop; connection failures, timeouts and 502/503/504 are
+retried with capped, jittered backoff (a 503's ``Retry-After`` is honoured).
 
 Failures are typed, so whoever runs the agent tells them apart without reading text:
 
@@ -20,50 +20,18 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import httpx
-
 from rag.errors import RetrievalAuthError, RetrievalError, RetrievalUnavailableError
-from rllm.retry import PerLoop, backoff_retrying
+from rllm.transport import HTTPFailure, HTTPTransport
 
 logger = logging.getLogger(__name__)
 
 _RETRY_STATUSES = frozenset({502, 503, 504})
-_AUTH_STATUSES = frozenset({401, 403})
 TOKEN_ENV = "RETRIEVAL_TOKEN"
 """The environment variable holding the retrieval server's bearer token, on both sides."""
 
 
-class _Retryable(Exception):
-    def __init__(self, response: httpx.Response) -> None:
-        super().__init__(f"HTTP {response.status_code}: {_detail(response)}")
-        self.status = response.status_code
-        self.retry_after: float | None
-        try:
-            self.retry_after = float(response.headers.get("retry-after", ""))
-        except ValueError:
-            self.retry_after = None
-
-
-def _detail(response: httpx.Response) -> str:
-    try:
-        body = response.json()
-    except ValueError:
-        return response.text[:300] or response.reason_phrase
-    return str(body.get("detail", body)) if isinstance(body, dict) else str(body)[:300]
-
-
-def _describe(error: BaseException) -> str:
-    if isinstance(error, httpx.ConnectError):
-        return "connection refused or host unreachable"
-    if isinstance(error, httpx.TimeoutException):
-        return "request timed out"
-    if isinstance(error, httpx.TransportError):
-        return f"connection failed ({type(error).__name__})"
-    return str(error)
-
-
 class RetrievalClient:
-    """Talks to ``rag.server``.
+    """Talks to ``rag.server`` through ``rllm.transport`` (one pool per event loop, retries, typed failures).
 
     Attributes:
         base_url: Server root, e.g. ``http://127.0.0.1:8000``.
@@ -81,49 +49,35 @@ class RetrievalClient:
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
         self.max_connections = max_connections
-        self._clients: PerLoop[httpx.AsyncClient] = PerLoop(self._new_client)
-
-    def _new_client(self) -> httpx.AsyncClient:
-        headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
-        limits = httpx.Limits(max_connections=self.max_connections, max_keepalive_connections=self.max_connections)
-        return httpx.AsyncClient(base_url=self.base_url, timeout=self.timeout, limits=limits, headers=headers)
-
-    async def _request(self, method: str, path: str, payload: dict[str, Any] | None = None) -> Any:
-        url = f"{self.base_url}{path}"
-        retrying = backoff_retrying(
-            url, max_retries=self.max_retries, backoff_initial=self.backoff_initial, backoff_max=self.backoff_max,
-            retryable=lambda e: isinstance(e, (_Retryable, httpx.TransportError)), describe=_describe,
-            retry_after=lambda e: e.retry_after if isinstance(e, _Retryable) else None,
+        self._transport = HTTPTransport(
+            self.base_url, self._error, timeout=timeout, max_retries=max_retries, backoff_initial=backoff_initial,
+            backoff_max=backoff_max, max_connections=max_connections,
+            headers={"Authorization": f"Bearer {token}"} if token else None, retry_status=_RETRY_STATUSES.__contains__,
         )
-        attempts = self.max_retries + 1
-        try:
-            async for attempt in retrying:
-                with attempt:
-                    response = await self._clients.get().request(method, path, json=payload)
-                    if response.status_code in _RETRY_STATUSES:
-                        raise _Retryable(response)
-        except _Retryable as e:
-            raise RetrievalUnavailableError(f"retrieval server at {self.base_url} is overloaded or unavailable "
-                                            f"after {attempts} attempts ({e})", e.status) from e
-        except httpx.TransportError as e:
-            raise RetrievalUnavailableError(f"retrieval server at {self.base_url} is unreachable after {attempts} "
-                                            f"attempts: {_describe(e)}") from e
-        status = response.status_code
-        if status in _AUTH_STATUSES:
+
+    def _error(self, failure: HTTPFailure) -> RetrievalError:
+        """The retrieval error for a failed exchange: unavailable (infrastructure), a refused token, a bad request."""
+        status, attempts = failure.status, failure.attempts
+        if failure.garbled:
+            return RetrievalUnavailableError(f"retrieval server at {failure.url} sent a non-JSON answer")
+        if status is None:
+            return RetrievalUnavailableError(f"retrieval server at {self.base_url} is unreachable after {attempts} "
+                                             f"attempts: {failure.cause}")
+        if status in _RETRY_STATUSES:
+            return RetrievalUnavailableError(f"retrieval server at {self.base_url} is overloaded or unavailable "
+                                             f"after {attempts} attempts ({failure.cause})", status)
+        if failure.refused_credentials:
             sent = "a token it does not accept" if self.token else "no token"
-            raise RetrievalAuthError(
-                f"retrieval server at {self.base_url} rejected the token (HTTP {status}: {_detail(response)}); "
+            return RetrievalAuthError(
+                f"retrieval server at {self.base_url} rejected the token ({failure.cause}); "
                 f"the client sent {sent}: set {TOKEN_ENV} to the token the server was started with", status)
         if status >= 500:
-            raise RetrievalUnavailableError(f"retrieval server at {self.base_url} failed (HTTP {status}): "
-                                            f"{_detail(response)}", status)
-        if status >= 400:
-            raise RetrievalError(f"retrieval server rejected the request (HTTP {status}): {_detail(response)}",
-                                 status)
-        try:
-            return response.json()
-        except ValueError as e:
-            raise RetrievalUnavailableError(f"retrieval server at {url} sent a non-JSON answer") from e
+            return RetrievalUnavailableError(f"retrieval server at {self.base_url} failed (HTTP {status}): "
+                                             f"{failure.detail}", status)
+        return RetrievalError(f"retrieval server rejected the request (HTTP {status}): {failure.detail}", status)
+
+    async def _request(self, method: str, path: str, payload: dict[str, Any] | None = None) -> Any:
+        return await self._transport.request_json(method, path, json=payload)
 
     async def search(self, query: str, top_k: int = 3) -> list[dict[str, Any]]:
         """Top-``top_k`` passages ``{id, title, contents, content, score}``, best first; raises ``RetrievalError``.
@@ -142,9 +96,7 @@ class RetrievalClient:
 
     async def aclose(self) -> None:
         """Close the running loop's connection pool."""
-        client = self._clients.pop()
-        if client is not None:
-            await client.aclose()
+        await self._transport.aclose()
 
 
 def format_passages(results: list[dict[str, Any]], max_chars: int | None = None) -> str:

@@ -20,7 +20,8 @@ import asyncio
 import os
 import sys
 
-from rag.client import RetrievalClient, RetrievalError, check_health, format_passages, make_local_search_tool
+from rag.client import RetrievalClient, check_health, format_passages, make_local_search_tool
+from rag.errors import RetrievalError
 
 RETRIEVAL_SERVER_URL = os.environ.get("RETRIEVAL_SERVER_URL", "http://127.0.0.1:8000")
 RETRIEVAL_TOKEN = os.environ.get("RETRIEVAL_TOKEN") or None  # the variable rag/launch_rag.sh reads too

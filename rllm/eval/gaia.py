@@ -37,11 +37,12 @@ from typing import Any
 
 from rllm.agents.gaia import GaiaWorkflow, scripted_gaia_policy
 from rllm.data.gaia import GAIA_DEMO_DIR, GAIA_LEVELS, load_gaia
+from rllm.errors import SandboxUnavailableError
 from rllm.eval.exit_codes import stopped_runs
 from rllm.eval.models import add_model_arguments, check_model_arguments, choose_model, open_engine
 from rllm.integrations.strands import Budget
 from rllm.rewards.gaia_reward import gaia_ground_truth
-from rllm.tools import SandboxUnavailableError, describe_isolation
+from rllm.tools import describe_isolation
 from rllm.types import Episode
 from rllm.workflows import AgentWorkflowEngine
 

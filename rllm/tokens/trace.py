@@ -16,7 +16,7 @@ from rllm.errors import TokenTraceError
 
 SegmentKind = Literal["prompt", "sampled", "context"]
 
-__all__ = ["Segment", "SegmentKind", "TokenTrace", "TokenTraceError"]
+__all__ = ["Segment", "SegmentKind", "TokenTrace"]
 
 
 class Segment(BaseModel):

@@ -26,7 +26,7 @@ from pathlib import Path, PurePosixPath
 
 from rllm.errors import PathOutsideWorkDirError
 
-__all__ = ["InsidePath", "PathOutsideWorkDirError", "open_inside"]
+__all__ = ["InsidePath", "open_inside"]
 
 _MAX_LINKS = 40  # as Linux's MAXSYMLINKS
 # O_NONBLOCK: opening a named pipe planted in the work dir must not block the agent.

@@ -13,6 +13,9 @@ that was checked (the name is not resolved again, so DNS rebinding cannot swap i
 original ``Host`` header and TLS server name. Redirects are followed here, at most five, each hop
 checked the same way. ``allowed_networks`` lets chosen networks through (for example a local
 test server or an intranet service the agent is meant to use).
+
+The client comes from ``rllm.transport.open_client``, one per call: a policy's request is sent
+once (no retries), never over a connection pooled for another host.
 """
 
 from __future__ import annotations
@@ -29,9 +32,9 @@ import httpx
 from strands import tool
 
 from rllm.errors import BlockedDestinationError
+from rllm.transport import open_client
 
-__all__ = ["BlockedDestinationError", "fetch_url", "html_to_text", "make_http_request_tool", "parse_networks",
-           "resolve_public"]
+__all__ = ["fetch_url", "html_to_text", "make_http_request_tool", "parse_networks", "resolve_public"]
 
 _USER_AGENT = "rllm-agent/0.1 (+https://github.com/rllm-org/rllm)"
 _MAX_REDIRECTS = 5
@@ -198,7 +201,9 @@ async def _fetch(
     max_bytes: int,
 ) -> tuple[httpx.Response, httpx.URL, bytes, bool]:
     """Send the request, following redirects one checked hop at a time; returns the final response and body."""
-    async with httpx.AsyncClient(timeout=timeout, follow_redirects=False) as client:
+    # A client of its own per call, never a shared pool: a pooled connection to the same address could
+    # carry a request for another host name over TLS verified for the first one.
+    async with open_client(timeout=timeout, follow_redirects=False) as client:
         for _hop in range(_MAX_REDIRECTS + 1):
             if url.scheme not in ("http", "https"):
                 raise BlockedDestinationError(f"a redirect leads to {url}, which is not http(s)")

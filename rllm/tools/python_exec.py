@@ -48,8 +48,8 @@ from strands import tool
 from rllm.errors import SandboxUnavailableError
 from rllm.tools._bwrap import INSTALL_HINT, bwrap_argv, bwrap_problem, find_bwrap
 
-__all__ = ["SANDBOX_MODES", "SandboxMode", "SandboxUnavailableError", "describe_isolation", "make_python_exec_tool",
-           "resolve_sandbox", "run_python", "sandbox_problem"]
+__all__ = ["SANDBOX_MODES", "SandboxMode", "describe_isolation", "make_python_exec_tool", "resolve_sandbox",
+           "run_python", "sandbox_problem"]
 
 logger = logging.getLogger(__name__)
 

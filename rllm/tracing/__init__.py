@@ -39,11 +39,9 @@ _EXPORTS = {
     "get_chat_client_async": "rllm.tracing.client",
     "session_headers": "rllm.tracing.client",
     "TraceStore": "rllm.tracing.store",
-    "StoreWriteError": "rllm.errors",
     "Backend": "rllm.tracing.proxy",
     "ProxyConfig": "rllm.tracing.proxy",
     "ProxyProcess": "rllm.tracing.proxy",
-    "ProxyError": "rllm.errors",
     "install_proxy_venv": "rllm.tracing.proxy",
     "find_proxy_venv": "rllm.tracing.proxy",
     "SessionTrajectory": "rllm.tracing.trajectory",
@@ -56,7 +54,7 @@ _EXPORTS = {
 
 __all__ = [
     "NO_SESSION", "SESSION_HEADER", "Backend", "ContextThreadPoolExecutor", "PolicyEndpoint", "PolicyServer",
-    "ProxyConfig", "ProxyError", "ProxyProcess", "SessionContext", "SessionTrajectory", "StoreWriteError", "TraceStore",
+    "ProxyConfig", "ProxyProcess", "SessionContext", "SessionTrajectory", "TraceStore",
     "bind", "current_session", "find_proxy_venv", "get_chat_client", "get_chat_client_async", "install_proxy_venv",
     "load_trajectory", "policy_endpoint", "session", "session_headers", "trajectory_from_traces",
 ]

@@ -42,9 +42,15 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
-from rllm.engine.rollout.base import ContextLengthExceededError, EngineThrottledError
 from rllm.engine.rollout.token_engine import TokenEngine, TokenSession
-from rllm.errors import ConfigurationError, EngineUnavailableError, InfrastructureError, ServerStartError
+from rllm.errors import (
+    ConfigurationError,
+    ContextLengthExceededError,
+    EngineThrottledError,
+    EngineUnavailableError,
+    InfrastructureError,
+    ServerStartError,
+)
 from rllm.tracing.policy_request import BodyLimit, ChatRequest, error_response, explain, read_body
 from rllm.tracing.records import make_trace
 from rllm.tracing.session import SESSION_HEADER

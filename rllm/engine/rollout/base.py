@@ -1,7 +1,7 @@
 """The rollout-engine interface and the errors every engine raises.
 
 An engine turns OpenAI-format chat messages (and tool schemas) into one ``ModelOutput``. The
-error classes (defined in ``rllm.errors``, re-exported here) let callers tell an infrastructure
+error classes (in ``rllm.errors``, imported from there) let callers tell an infrastructure
 failure (mask it, retry the rollout) from a request the model itself made impossible (context
 overflow: the episode ends, it is not retried).
 """
@@ -10,28 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-from rllm.errors import (  # re-exported: engines and callers import them from here
-    ContextLengthExceededError,
-    EngineError,
-    EngineRequestError,
-    EngineThrottledError,
-    EngineUnavailableError,
-    GenerationAbortedError,
-)
 from rllm.types import ModelOutput
 
-__all__ = [
-    "SAMPLING_PARAMS",
-    "ContextLengthExceededError",
-    "EngineError",
-    "EngineRequestError",
-    "EngineThrottledError",
-    "EngineUnavailableError",
-    "GenerationAbortedError",
-    "RolloutEngine",
-    "mentions_context_overflow",
-    "select_sampling_params",
-]
+__all__ = ["SAMPLING_PARAMS", "RolloutEngine", "mentions_context_overflow", "select_sampling_params"]
 
 # Sampling parameters an engine forwards to the server. Anything else given as a keyword (Strands
 # passes its own: system_prompt_content, invocation_state, agent_metadata, ...) is dropped.

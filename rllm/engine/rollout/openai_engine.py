@@ -1,9 +1,10 @@
 """Rollout engine for any OpenAI-compatible chat-completions endpoint (vLLM, SGLang, LiteLLM, hosted).
 
-One connection pool per event loop (an httpx pool cannot cross loops, and Strands' synchronous
-``Agent.__call__`` runs each call on a fresh loop), a per-request timeout, and retries with capped,
-jittered exponential backoff on 429, 5xx and connection errors only. Against vLLM it asks for the
-prompt and completion token ids and the logprobs, so the output can be trained on.
+Requests go through ``rllm.transport``: one connection pool per event loop (an httpx pool cannot
+cross loops, and Strands' synchronous ``Agent.__call__`` runs each call on a fresh loop), a
+per-request timeout, and retries with capped, jittered exponential backoff on 429, 5xx and
+connection errors only; what still fails raises the engine error ``engine_error`` names. Against
+vLLM it asks for the prompt and completion token ids and the logprobs, so the output can be trained on.
 """
 
 from __future__ import annotations
@@ -11,44 +12,17 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import httpx
-import openai
+from openai.types.chat import ChatCompletion
 
-from rllm.engine.rollout.base import (
-    ContextLengthExceededError,
-    EngineError,
-    EngineRequestError,
-    EngineThrottledError,
-    EngineUnavailableError,
-    GenerationAbortedError,
-    mentions_context_overflow,
-    select_sampling_params,
-)
-from rllm.retry import PerLoop, backoff_retrying
+from rllm.engine.rollout.base import mentions_context_overflow, select_sampling_params
+from rllm.engine.rollout.http import engine_error
+from rllm.errors import EngineRequestError, GenerationAbortedError
+from rllm.transport import HTTPTransport
 from rllm.types import ModelOutput, ToolCall
 
 logger = logging.getLogger(__name__)
 
 _USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
-
-
-def _is_retryable(error: BaseException) -> bool:
-    """429, 5xx, timeouts and connection failures are worth another try; other 4xx are not."""
-    if isinstance(error, openai.APIConnectionError):  # includes APITimeoutError
-        return True
-    if isinstance(error, openai.APIStatusError):
-        return error.status_code == 429 or error.status_code >= 500
-    return False
-
-
-def _describe(error: BaseException) -> str:
-    if isinstance(error, openai.APITimeoutError):
-        return "request timed out"
-    if isinstance(error, openai.APIStatusError):
-        return f"HTTP {error.status_code}: {error.message}"
-    if isinstance(error, openai.APIConnectionError):
-        return f"connection failed: {error.__cause__ or error}"
-    return f"{type(error).__name__}: {error}"
 
 
 def is_context_overflow(error: BaseException) -> bool:
@@ -102,32 +76,19 @@ class OpenAIEngine:
         self.logprobs = return_token_ids if logprobs is None else logprobs
         self.max_connections = max_connections
         self.default_sampling = defaults
-        self._clients: PerLoop[openai.AsyncOpenAI] = PerLoop(self._new_client)
+        self._transport = HTTPTransport(
+            self.base_url, engine_error, timeout=timeout, max_retries=max_retries, backoff_initial=backoff_initial,
+            backoff_max=backoff_max, max_connections=max_connections, headers={"Authorization": f"Bearer {api_key}"},
+        )
 
     @property
     def url(self) -> str:
         """The chat-completions URL, as named in errors."""
         return f"{self.base_url}/chat/completions"
 
-    def _new_client(self) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(
-            base_url=self.base_url,
-            api_key=self.api_key,
-            timeout=self.timeout,
-            max_retries=0,  # retries are ours: capped, jittered, and only for retryable errors
-            http_client=openai.DefaultAsyncHttpxClient(
-                # newer openai types its default client on httpx2, which reads httpx's Limits as they are
-                limits=httpx.Limits(  # type: ignore[arg-type]
-                    max_connections=self.max_connections, max_keepalive_connections=self.max_connections
-                )
-            ),
-        )
-
     async def close(self) -> None:
         """Close the running loop's connection pool."""
-        client = self._clients.pop()
-        if client is not None:
-            await client.close()
+        await self._transport.aclose()
 
     def build_request(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, **sampling: Any
@@ -156,37 +117,14 @@ class OpenAIEngine:
     ) -> ModelOutput:
         """Send one chat completion, retrying infrastructure failures, and parse the answer."""
         request = self.build_request(messages, tools, **sampling)
-        retrying = backoff_retrying(
-            self.url,
-            max_retries=self.max_retries,
-            backoff_initial=self.backoff_initial,
-            backoff_max=self.backoff_max,
-            retryable=_is_retryable,
-            describe=_describe,
-        )
-        try:
-            async for attempt in retrying:
-                with attempt:
-                    response = await self._clients.get().chat.completions.create(**request)
-        except openai.APIError as error:
-            raise self._translate(error) from error
-        if not response.choices:
+        body = {key: value for key, value in request.items() if key != "extra_body"}
+        body.update(request.get("extra_body", {}))  # on the wire the extensions sit beside the standard fields
+        answer = await self._transport.request_json("POST", "/chat/completions", json=body)
+        # construct, as the openai SDK reads an answer: nested models built, nothing validated, extras kept
+        response = ChatCompletion.construct(**answer) if isinstance(answer, dict) else None
+        if response is None or not response.choices:
             raise EngineRequestError(f"{self.url} returned no choices", url=self.url, cause="no choices")
         return parse_chat_completion(response)
-
-    def _translate(self, error: openai.APIError) -> EngineError:
-        cause = _describe(error)
-        if isinstance(error, openai.APIStatusError) and error.status_code == 429:
-            message = f"{self.url} kept throttling (429) after {self.max_retries + 1} attempts: {cause}"
-            return EngineThrottledError(message, url=self.url, cause=cause)
-        if _is_retryable(error):
-            message = f"{self.url} failed after {self.max_retries + 1} attempts: {cause}"
-            return EngineUnavailableError(message, url=self.url, cause=cause)
-        if is_context_overflow(error):
-            return ContextLengthExceededError(
-                f"{self.url}: context window exceeded: {cause}", url=self.url, cause=cause
-            )
-        return EngineRequestError(f"{self.url} rejected the request: {cause}", url=self.url, cause=cause)
 
 
 def parse_chat_completion(response: Any) -> ModelOutput:

@@ -34,8 +34,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from rllm.engine.rollout.base import ContextLengthExceededError, select_sampling_params
-from rllm.errors import GenerationAbortedError, ResponseBudgetExhaustedError
+from rllm.engine.rollout.base import select_sampling_params
+from rllm.errors import ContextLengthExceededError, GenerationAbortedError, ResponseBudgetExhaustedError
 from rllm.parser import CallIdFactory, get_tool_parser
 from rllm.tokens.renderer import ChatRenderer
 from rllm.tokens.trace import TokenTrace

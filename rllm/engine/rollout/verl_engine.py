@@ -30,13 +30,17 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from rllm.engine.rollout.base import ContextLengthExceededError, EngineUnavailableError
 from rllm.engine.rollout.token_engine import TokenEngine, TokenOutput, TokenSession
-from rllm.errors import PromptTooLongError, ResponseBudgetExhaustedError
+from rllm.errors import (
+    ContextLengthExceededError,
+    EngineUnavailableError,
+    PromptTooLongError,
+    ResponseBudgetExhaustedError,
+)
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PromptTooLongError", "ResponseBudgetExhaustedError", "VerlEngine", "VerlSession"]
+__all__ = ["VerlEngine", "VerlSession"]
 
 # Sampling keys forwarded to verl's server (vLLM ``SamplingParams`` / SGLang names); the rest of
 # rllm's sampling vocabulary (tool_choice, chat_template_kwargs, ...) has no meaning there.

@@ -16,7 +16,8 @@ from strands.types.streaming import StreamEvent
 from strands.types.tools import ToolChoice, ToolSpec
 from typing_extensions import Unpack, override
 
-from rllm.engine.rollout.base import ContextLengthExceededError, EngineThrottledError, RolloutEngine
+from rllm.engine.rollout.base import RolloutEngine
+from rllm.errors import ContextLengthExceededError, EngineThrottledError
 from rllm.integrations.strands._cancel import cancelled_output, unless_cancelled
 from rllm.integrations.strands._format import format_messages, format_tool_choice, format_tools, output_events
 from rllm.integrations.strands._turns import mark_turn

@@ -219,7 +219,8 @@ def _log_budget(config: Any, budget: Budget) -> None:
 
 def check_retrieval(servers: list[tuple[str, str | None]]) -> None:
     """One authenticated search on each server the agent's tools use; ``ConfigurationError`` saying how to fix it."""
-    from rag.client import RetrievalError, check_search
+    from rag.client import check_search
+    from rag.errors import RetrievalError
 
     for base_url, token in servers:
         try:

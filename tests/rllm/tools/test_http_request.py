@@ -12,8 +12,9 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 
 from rllm import errors
+from rllm.errors import BlockedDestinationError
 from rllm.tools import make_http_request_tool
-from rllm.tools.http_request import BlockedDestinationError, resolve_public
+from rllm.tools.http_request import resolve_public
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -123,7 +124,6 @@ async def test_the_checked_address_is_the_one_connected_to(server: str, monkeypa
         await resolve_public("rebind.example", 80)
     # The policy's doing (it asked for the address): an rllm error, neither infrastructure nor configuration.
     assert isinstance(refused.value, errors.ToolAccessDeniedError) and isinstance(refused.value, PermissionError)
-    assert BlockedDestinationError is errors.BlockedDestinationError
     assert not isinstance(refused.value, (errors.InfrastructureError, errors.ConfigurationError))
     result = await make_http_request_tool(allowed_networks=[host])(url=f"http://pinned.example:{port}/p")
     assert _body(result)["host"] == f"pinned.example:{port}" and "\nURL: http://pinned.example:" in result

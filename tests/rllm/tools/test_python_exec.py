@@ -14,10 +14,10 @@ import pytest
 
 from rllm import errors
 from rllm.engine.rollout import OpenAIEngine
+from rllm.errors import SandboxUnavailableError
 from rllm.integrations.strands import RLLMModel, StrandsAgent
 from rllm.offline.scripted_server import ScriptedReply, ScriptedToolCall
-from rllm.tools import SandboxUnavailableError, describe_isolation, gaia_tools, resolve_sandbox, run_python
-from rllm.tools import python_exec as python_exec_module
+from rllm.tools import describe_isolation, gaia_tools, resolve_sandbox, run_python
 from rllm.tools.python_exec import sandbox_problem
 from rllm.types import TerminationReason
 
@@ -99,7 +99,6 @@ async def test_an_agent_whose_sandbox_cannot_run_stops_the_run(tmp_path: Path, b
         await agent.invoke_async("Compute it.")
     assert isinstance(stopped.value, SandboxUnavailableError)
     assert agent.termination_reason is TerminationReason.ERROR and len(server.requests) == 1
-    assert python_exec_module.SandboxUnavailableError is errors.SandboxUnavailableError  # the old import name
     assert isinstance(stopped.value, RuntimeError)  # what it derived from before
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rllm.errors import InfrastructureError
-from rllm.tracing.store import StoreWriteError, TraceStore
+from rllm.errors import InfrastructureError, StoreWriteError
+from rllm.tracing.store import TraceStore
 
 
 def _trace(session_id: str, seq: int, **extra: object) -> dict:

@@ -7,12 +7,12 @@ import socket
 
 import pytest
 
-from rllm.engine.rollout import (
+from rllm.engine.rollout import OpenAIEngine
+from rllm.errors import (
     ContextLengthExceededError,
     EngineRequestError,
     EngineThrottledError,
     EngineUnavailableError,
-    OpenAIEngine,
 )
 from rllm.offline.scripted_server import ScriptedReply, ScriptedToolCall
 

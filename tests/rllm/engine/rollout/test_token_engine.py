@@ -18,12 +18,13 @@ from rllm.engine.rollout.sglang_engine import SGLangEngine
 from rllm.engine.rollout.token_engine import TokenEngine
 from rllm.engine.rollout.transformers_engine import TransformersEngine
 from rllm.engine.rollout.vllm_engine import VLLMEngine
+from rllm.errors import TokenTraceError
 from rllm.integrations.strands import RLLMModel, StrandsAgent
 from rllm.offline.chat_templates import FAMILIES
 from rllm.offline.scripted_tokens import ScriptedTokenEngine, ScriptedTokenServer
 from rllm.offline.tiny_models import build_tiny_qwen3
 from rllm.tokens.renderer import ChatRenderer
-from rllm.tokens.trace import TokenTrace, TokenTraceError
+from rllm.tokens.trace import TokenTrace
 
 SYSTEM = "Answer with \\boxed{}."
 CALL = '<tool_call>\n{"name": "lookup", "arguments": {"key": "alpha"}}\n</tool_call>'

@@ -97,7 +97,7 @@ def guarded_retrieval_server(tmp_path_factory) -> Any:
 
 async def test_the_real_search_tool_without_the_servers_token_raises_the_401(tokenizer, guarded_retrieval_server,
                                                                               monkeypatch) -> None:
-    from rag.client import RetrievalAuthError
+    from rag.errors import RetrievalAuthError
     from rllm.training.verl.agent_loop import _cached_tools
 
     _cached_tools.cache_clear()  # tools are built once per worker process, where the environment is fixed
