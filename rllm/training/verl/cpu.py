@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from rllm.errors import ConfigurationError
+
 logger = logging.getLogger(__name__)
 
 CPU_SWITCH = "RLLM_VERL_CPU"
@@ -239,8 +241,8 @@ def check_precision(config: Any) -> None:
     them in fp16: past 65504 (about 7,300 tokens at the entropy of a random 8k-vocabulary model) it is
     inf. verl's ``ShardedGradScaler`` defaults to ``device="cuda"`` and turns itself off without CUDA,
     so there is no loss scaling and no skipping of inf/NaN gradients. bf16 has fp32's range: it
-    trains on CPU (its log-probs are coarser). Raises ``ValueError`` when the actor's mixed-precision
-    ``param_dtype`` or the rollout's ``dtype`` is fp16.
+    trains on CPU (its log-probs are coarser). Raises ``ConfigurationError`` when the actor's
+    mixed-precision ``param_dtype`` or the rollout's ``dtype`` is fp16.
     """
     from omegaconf import OmegaConf
 
@@ -248,8 +250,8 @@ def check_precision(config: Any) -> None:
     fp16 = {key: value for key in keys if str(value := OmegaConf.select(config, key, default="")).lower() in _FP16}
     if fp16:
         settings = ", ".join(f"{k}={v}" for k, v in fp16.items())
-        raise ValueError(f"{settings}: fp16 half precision does not train on CPU: CPU autocast, unlike CUDA's, leaves "
-                         "softmax and sum in fp16, so verl's per-token entropies stay fp16 and their sum over a step "
-                         "overflows to inf, and verl's ShardedGradScaler turns itself off without CUDA (no loss "
-                         "scaling, no skipping of inf/NaN gradients); run fp16 on a GPU, or set these to fp32 / "
-                         "float32 or bf16 / bfloat16 for a CPU run")
+        raise ConfigurationError(f"{settings}: fp16 half precision does not train on CPU: CPU autocast, unlike CUDA's, "
+                                 "leaves softmax and sum in fp16, so verl's per-token entropies stay fp16 and their "
+                                 "sum over a step overflows to inf, and verl's ShardedGradScaler turns itself off "
+                                 "without CUDA (no loss scaling, no skipping of inf/NaN gradients); run fp16 on a GPU, "
+                                 "or set these to fp32 / float32 or bf16 / bfloat16 for a CPU run")

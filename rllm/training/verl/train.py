@@ -38,6 +38,8 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from rllm.errors import ConfigurationError
+
 logger = logging.getLogger(__name__)
 
 CONFIG_DIR = Path(str(importlib.resources.files("rllm.training.verl") / "config"))
@@ -80,12 +82,16 @@ def _absolute(path: str, *roots: Path) -> str:
 
 
 def prepare_config(config: DictConfig) -> DictConfig:
-    """Resolve interpolations and make the data and agent-loop paths absolute, in place.
+    """Resolve interpolations, read the ``rllm:`` block and make the data and agent-loop paths absolute, in place.
 
-    Data files are relative to the working directory; the agent-loop registry to the working
-    directory, else the shipped recipes' directory.
+    A value of the ``rllm:`` block that its reader refuses (``rllm.training.verl.settings``) stops here,
+    before anything starts. Data files are relative to the working directory; the agent-loop registry to
+    the working directory, else the shipped recipes' directory.
     """
+    from rllm.training.verl.settings import read_settings
+
     OmegaConf.resolve(config)
+    read_settings(config)
     cwd = Path.cwd()
     with open_dict(config):
         agent = config.actor_rollout_ref.rollout.agent
@@ -135,28 +141,28 @@ def check_launch(config: DictConfig) -> Any:
     Returns the agent's ``Preflight`` (``check_agent_loops``).
     """
     from rllm.training.verl.cpu import check_precision, cpu_mode
-    from rllm.training.verl.guards import GUARDED_MODE, GUARDS_KEY, GuardSettings
+    from rllm.training.verl.guards import GUARDED_MODE
+    from rllm.training.verl.settings import read_settings
     from rllm.training.verl.verl_internals import check_verl_version
 
     check_verl_version(strict=True)
-    block = OmegaConf.select(config, GUARDS_KEY, default=None)
-    guards = GuardSettings.from_mapping(OmegaConf.to_container(block, resolve=True) if block is not None else None)  # type: ignore[arg-type]
+    guards = read_settings(config).guards
     n = int(config.actor_rollout_ref.rollout.n)
     if guards.min_rollouts_per_group is not None and n < guards.min_rollouts_per_group:
-        raise ValueError(f"actor_rollout_ref.rollout.n={n}: RLOO's baseline leaves each rollout out of its group's "
-                         f"mean, so it needs at least {guards.min_rollouts_per_group} rollouts per prompt "
-                         "(a group of one is REINFORCE without a baseline)")
+        raise ConfigurationError(f"actor_rollout_ref.rollout.n={n}: RLOO's baseline leaves each rollout out of its "
+                                 f"group's mean, so it needs at least {guards.min_rollouts_per_group} rollouts per "
+                                 "prompt (a group of one is REINFORCE without a baseline)")
     if not OmegaConf.select(config, "trainer.use_v1", default=True):
-        raise ValueError("trainer.use_v1=false: the Strands agent loop, its manager and the guards run on verl's "
-                         "v1 trainer only")
+        raise ConfigurationError("trainer.use_v1=false: the Strands agent loop, its manager and the guards run on "
+                                 "verl's v1 trainer only")
     mode = OmegaConf.select(config, "trainer.v1.trainer_mode")
     if mode != GUARDED_MODE:
-        raise ValueError(f"trainer.v1.trainer_mode={mode}: the launcher runs verl's synchronous trainer with rllm's "
-                         f"training guards, trainer.v1.trainer_mode={GUARDED_MODE}")
+        raise ConfigurationError(f"trainer.v1.trainer_mode={mode}: the launcher runs verl's synchronous trainer with "
+                                 f"rllm's training guards, trainer.v1.trainer_mode={GUARDED_MODE}")
     bypass = OmegaConf.select(config, "algorithm.rollout_correction.bypass_mode", default=False)
     if bypass and not OmegaConf.select(config, "actor_rollout_ref.rollout.calculate_log_probs", default=True):
-        raise ValueError("algorithm.rollout_correction.bypass_mode=true trains against the rollout's log-probs, "
-                         "which actor_rollout_ref.rollout.calculate_log_probs=false does not return")
+        raise ConfigurationError("algorithm.rollout_correction.bypass_mode=true trains against the rollout's "
+                                 "log-probs, which actor_rollout_ref.rollout.calculate_log_probs=false does not return")
     check_micro_batches(config)
     check_runtime_env(config)
     if guards.served_weights:
@@ -191,15 +197,16 @@ def check_served_weights(config: DictConfig) -> None:
 
     name = str(OmegaConf.select(config, "actor_rollout_ref.rollout.name"))
     if name not in READERS:
-        raise ValueError(f"actor_rollout_ref.rollout.name={name}: rllm compares the served weights with the actor's "
-                         f"after every sync for {list(READERS)} only; set rllm.guards.served_weights=false to train "
-                         "without that check")
+        raise ConfigurationError(f"actor_rollout_ref.rollout.name={name}: rllm compares the served weights with the "
+                                 f"actor's after every sync for {list(READERS)} only; set "
+                                 "rllm.guards.served_weights=false to train without that check")
     env_vars = OmegaConf.select(config, "ray_kwargs.ray_init.runtime_env.env_vars", default=None) or {}
     if name == "vllm" and str(env_vars.get(VLLM_RPC_ENV, os.environ.get(VLLM_RPC_ENV, ""))) != "1":
-        raise ValueError(f"actor_rollout_ref.rollout.name=vllm with rllm.guards.served_weights on: vLLM runs rllm's "
-                         f"fingerprint in its workers only with {VLLM_RPC_ENV}=1 (pickle between the engine's own "
-                         f"processes); set ray_kwargs.ray_init.runtime_env.env_vars.{VLLM_RPC_ENV}='1' as the vLLM "
-                         "recipe does, or rllm.guards.served_weights=false")
+        raise ConfigurationError("actor_rollout_ref.rollout.name=vllm with rllm.guards.served_weights on: vLLM runs "
+                                 f"rllm's fingerprint in its workers only with {VLLM_RPC_ENV}=1 (pickle between the "
+                                 "engine's own processes); set "
+                                 f"ray_kwargs.ray_init.runtime_env.env_vars.{VLLM_RPC_ENV}='1' as the vLLM recipe "
+                                 "does, or rllm.guards.served_weights=false")
 
 
 def check_micro_batches(config: DictConfig) -> None:
@@ -219,11 +226,11 @@ def check_micro_batches(config: DictConfig) -> None:
     gpus = int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes) // sequence_parallel
     rows = mini * n
     if rows % gpus or (rows // gpus) % int(micro):
-        raise ValueError(f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro} does not divide the "
-                         f"{rows / gpus:g} rows an actor mini-batch puts on each of its {gpus} data-parallel rank(s) "
-                         f"(actor.ppo_mini_batch_size={mini} x rollout.n={n}): verl's actor would stop at the first "
-                         "update; choose a micro-batch that divides it, or set "
-                         "actor_rollout_ref.actor.use_dynamic_bsz=true")
+        raise ConfigurationError(f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro} does not divide the "
+                                 f"{rows / gpus:g} rows an actor mini-batch puts on each of its {gpus} data-parallel "
+                                 f"rank(s) (actor.ppo_mini_batch_size={mini} x rollout.n={n}): verl's actor would stop "
+                                 "at the first update; choose a micro-batch that divides it, or set "
+                                 "actor_rollout_ref.actor.use_dynamic_bsz=true")
 
 
 def validate(config: DictConfig) -> Any:
@@ -246,9 +253,9 @@ def check_runtime_env(config: DictConfig) -> None:
     env_vars = OmegaConf.select(config, "ray_kwargs.ray_init.runtime_env.env_vars", default=None) or {}
     leaked = sorted(set(env_vars) & set(SECRET_ENV_VARS))
     if leaked:
-        raise ValueError(f"ray_kwargs.ray_init.runtime_env.env_vars.{leaked[0]} would print the secret with the "
-                         f"config, send it to every tracker and write it into Ray's logs: set {leaked[0]} in the "
-                         "environment of the launcher instead")
+        raise ConfigurationError(f"ray_kwargs.ray_init.runtime_env.env_vars.{leaked[0]} would print the secret with "
+                                 f"the config, send it to every tracker and write it into Ray's logs: set {leaked[0]} "
+                                 "in the environment of the launcher instead")
 
 
 def start_ray(config: DictConfig) -> None:
