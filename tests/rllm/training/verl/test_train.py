@@ -395,8 +395,10 @@ def test_the_recipes_and_the_launch_script_are_package_data() -> None:
     from rllm.training.verl.train import CONFIG_DIR
 
     pyproject = (REPO / "pyproject.toml").read_text()
-    assert '"rllm.training.verl" = ["config/*.yaml"]' in pyproject and '"rag" = ["launch_rag.sh"]' in pyproject
+    assert '"rllm.training.verl" = ["config/*.yaml", "config/overlay/*.yaml"]' in pyproject
+    assert '"rag" = ["launch_rag.sh"]' in pyproject
     assert CONFIG_DIR == Path(str(importlib.resources.files("rllm.training.verl") / "config"))
     assert {p.name for p in CONFIG_DIR.glob("*.yaml")} == {"agent_loops.yaml", f"{CONFIG_NAME}.yaml", "lookup_rloo.yaml",
                                                           "strands_base.yaml", "strands_agent_rloo.yaml"}
+    assert {p.name for p in (CONFIG_DIR / "overlay").glob("*.yaml")} == {"cpu.yaml", "smoke.yaml"}
     assert (importlib.resources.files("rag") / "launch_rag.sh").is_file()
