@@ -175,7 +175,7 @@ def _budget_problem(value: Any) -> str | None:
         return "" if not isinstance(value, str) else "not a dotted path"
     unknown = sorted(set(value) - set(_BUDGET_MINIMUM), key=str)
     if unknown:
-        return f"unknown keys {unknown}; a Budget has {sorted(_BUDGET_MINIMUM)}"
+        return f"unknown keys {unknown}"
     for name, limit in value.items():
         if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or
                                   limit < _BUDGET_MINIMUM[name]):
@@ -360,7 +360,8 @@ def read_settings(config: Any) -> RllmSettings:
 
     A recipe without the block gets every default (and no ``agent_loop``).
     """
-    return _read_section(RllmSettings, BLOCK_KEY, _select(config, BLOCK_KEY), RllmSettings())
+    settings: RllmSettings = _read_section(RllmSettings, BLOCK_KEY, _select(config, BLOCK_KEY), RllmSettings())
+    return settings
 
 
 @dataclass(frozen=True)

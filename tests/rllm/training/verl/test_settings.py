@@ -120,6 +120,17 @@ def test_values_are_held_as_the_consumers_read_them() -> None:
     assert loop.budget == {"max_model_turns": 4, "max_tool_calls": None}
 
 
+def test_a_budget_mapping_takes_every_field_of_a_budget_and_the_loop_builds_it() -> None:
+    import dataclasses
+
+    from rllm.integrations.strands import Budget
+    from rllm.training.verl.settings import loop_settings
+
+    for spec in dataclasses.fields(Budget):
+        loop = {"tool_factory": "my_tools:tools", "budget": {spec.name: 5}}
+        assert loop_settings({"rllm": {"agent_loop": loop}}).budget == Budget(**{spec.name: 5})
+
+
 @functools.cache
 def _composed(name: str, overrides: tuple[str, ...]) -> Any:
     with hydra.initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
