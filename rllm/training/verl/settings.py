@@ -33,8 +33,6 @@ SETTINGS_KEY = f"{BLOCK_KEY}.agent_loop"
 """Where the recipe holds the agent loop's settings (the fields of ``AgentLoopBlock``)."""
 REWARD_KEY = f"{BLOCK_KEY}.reward_fn"
 """The recipe's reward: ``module:function`` scoring ``(task, final_answer)`` as evaluation does."""
-SHARE_KEY = f"{BLOCK_KEY}.max_infra_failure_share"
-"""The share of a batch's rollouts dropped as infrastructure failures above which training stops."""
 MULTI_TURN_KEY = "actor_rollout_ref.rollout.multi_turn"
 """verl's own multi-turn keys, which the agent loop honours where it can (``loop_settings``)."""
 
