@@ -45,6 +45,7 @@ from rllm.agents.lookup import (
     score_lookup_answer,
 )
 from rllm.engine.rollout.transformers_engine import TransformersEngine
+from rllm.errors import ConfigurationError
 from rllm.offline.chat_templates import load_chat_template
 from rllm.offline.qwen_tokenizer import QwenVocab, build_qwen_tokenizer
 from rllm.offline.scripted_tokens import MessageScriptedEngine
@@ -185,7 +186,7 @@ class LearningProof:
         torch.manual_seed(c.seed)  # the engine draws unseeded samples from torch's generator
         self.rng = random.Random(c.seed)
         if c.vocab not in VOCABS:
-            raise ValueError(f"unknown vocab {c.vocab!r}; one of {sorted(VOCABS)}")
+            raise ConfigurationError(f"ProofConfig.vocab={c.vocab!r}: unknown; one of {sorted(VOCABS)}")
         self.tokenizer = build_qwen_tokenizer(load_chat_template("qwen3"), VOCABS[c.vocab])
         model: Any = build_tiny_qwen3(self.tokenizer, seed=c.seed, hidden_size=c.hidden_size, num_layers=c.num_layers)
         self.model = model.to(c.device)
@@ -228,7 +229,8 @@ class LearningProof:
         """Teacher rollouts on distinct training boxes, tokenised by the rollouts' own runner and renderer."""
         c = self.config
         if c.demonstrations > len(self.train_tasks):
-            raise ValueError(f"{c.demonstrations} demonstrations need as many training boxes ({len(self.train_tasks)})")
+            raise ConfigurationError(f"ProofConfig.demonstrations={c.demonstrations}: each needs its own training box "
+                                     f"and the world has {len(self.train_tasks)}; lower it or raise world_size")
         tasks = self.rng.sample(self.train_tasks, c.demonstrations)
         kinds = self.rng.choices(list(DEMONSTRATION_KINDS), weights=list(c.demonstration_mix), k=len(tasks))
         scripts = {t.question: demonstration_script(t, k, self.rng) for t, k in zip(tasks, kinds, strict=True)}

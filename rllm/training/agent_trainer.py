@@ -176,7 +176,7 @@ class AgentTrainer:
             try:
                 if import_object(path) is obj:
                     return path
-            except (ImportError, ValueError):
+            except (ImportError, ConfigurationError):
                 pass
         objects[key] = obj
         return f"{self.run_dir / OBJECTS_FILE}:{key}"

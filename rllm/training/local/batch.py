@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from verl.utils.model import compute_position_id_with_mask
 
-from rllm.errors import TokenTraceError
+from rllm.errors import ConfigurationError, TokenTraceError
 
 
 @dataclass
@@ -68,7 +68,7 @@ def pad_rollouts(
     as verl's loop does; a prompt is never cut).
     """
     if not rollouts:
-        raise ValueError("pad_rollouts needs at least one rollout")
+        raise ConfigurationError("pad_rollouts needs at least one rollout")
     prompts = [list(r["prompt_ids"]) for r in rollouts]
     responses = [list(r["response_ids"]) for r in rollouts]
     p_len = prompt_length if prompt_length is not None else max(len(p) for p in prompts)

@@ -31,6 +31,7 @@ from verl.trainer.ppo.core_algos import compute_rloo_outcome_advantage, get_poli
 from verl.utils.torch_functional import logprobs_from_logits, masked_mean
 from verl.workers.config import FSDPActorConfig
 
+from rllm.errors import ConfigurationError
 from rllm.training.local.batch import RolloutBatch
 
 
@@ -85,7 +86,7 @@ class LocalRLOOTrainer:
     def __init__(self, model: Any, actor: FSDPActorConfig, *, lr: float, temperature: float = 1.0,
                  optimizer: torch.optim.Optimizer | None = None) -> None:
         if temperature <= 0:
-            raise ValueError("RLOO trains on sampled rollouts: temperature must be > 0")
+            raise ConfigurationError(f"temperature={temperature}: RLOO trains on sampled rollouts, so it must be > 0")
         self.model = model
         self.actor = actor
         self.temperature = temperature
@@ -121,7 +122,8 @@ class LocalRLOOTrainer:
     def advantages(self, batch: RolloutBatch, rewards: Sequence[float], groups: Sequence[str]) -> torch.Tensor:
         """RLOO advantages ([B, R]) from verl's ``compute_rloo_outcome_advantage``, rollouts grouped by ``groups``."""
         if not len(rewards) == len(groups) == len(batch):
-            raise ValueError(f"{len(batch)} rollouts, {len(rewards)} rewards, {len(groups)} groups")
+            raise ConfigurationError(f"{len(batch)} rollouts, {len(rewards)} rewards, {len(groups)} groups: give one "
+                                     "reward and one group per rollout")
         mask = batch.response_mask.float()
         token_rewards = torch.zeros_like(mask)
         last = (mask.shape[1] - 1 - torch.flip(mask, dims=[1]).argmax(dim=1)).clamp(min=0)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rllm.engine.rollout.token_engine import TokenEngine
-from rllm.errors import RolloutCancelledError, ToolBackendError
+from rllm.errors import ConfigurationError, RolloutCancelledError, ToolBackendError
 from rllm.integrations.strands import Budget, RLLMModel
 from rllm.integrations.strands.rollout import AgentFactory, Built, build_agent
 from rllm.integrations.strands.teams import record_built
@@ -94,8 +94,9 @@ async def _run_one(
         raise RolloutCancelledError(f"the rollout ended {end.reason.value}: nothing to score or train on")
     samples = finished.token_samples()
     if len(samples) != 1:  # a factory's conversation manager, or a team: verl's trainer takes several
-        raise ValueError(f"the rollout came back as {len(samples)} samples (a rewritten history, or a team's "
-                         "nodes); the local trainer trains one sample per rollout: train it with verl's trainer")
+        raise ConfigurationError(f"the rollout came back as {len(samples)} samples (a rewritten history, or a team's "
+                                 "nodes); the local trainer trains one sample per rollout: train it with verl's "
+                                 "trainer")
     return Rollout(
         group=request.group,
         fields=samples[0],
@@ -120,9 +121,9 @@ async def run_rollouts(
     duration of the call, its address exported to ``RLLM_POLICY_*`` before the factory runs).
     """
     if (agent_factory is None) == (tools is None):
-        raise TypeError("run_rollouts: give either tools (with system_prompt) or agent_factory")
+        raise ConfigurationError("run_rollouts: give either tools (with system_prompt) or agent_factory")
     if own_client and agent_factory is None:
-        raise TypeError("run_rollouts: own_client serves an agent_factory's agent on its own client")
+        raise ConfigurationError("run_rollouts: own_client serves an agent_factory's agent on its own client")
     server = (await PolicyServer().start()) if own_client else None
     if server is not None:
         server.export()

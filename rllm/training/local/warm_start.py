@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from verl.trainer.ppo.core_algos import agg_loss
 
+from rllm.errors import ConfigurationError
 from rllm.training.local.rollouts import Rollout
 
 logger = logging.getLogger(__name__)
@@ -91,10 +92,10 @@ def supervised_step(model: Any, optimizer: torch.optim.Optimizer, rows: Sequence
     one (sorted by length), so little of a micro-batch is padding.
     """
     if not rows:
-        raise ValueError("a supervised step needs at least one row")
+        raise ConfigurationError("a supervised step needs at least one row")
     tokens = sum(int(sum(r["response_mask"])) for r in rows)
     if tokens == 0:
-        raise ValueError("the rows have no sampled tokens to learn from")
+        raise ConfigurationError("the rows have no sampled tokens to learn from")
     rows = sorted(rows, key=lambda r: len(r["prompt_ids"]) + len(r["response_ids"]))
     model.train()
     optimizer.zero_grad(set_to_none=True)
@@ -121,7 +122,7 @@ def warm_start(model: Any, demonstrations: Sequence[Rollout], *, steps: int, bat
     to ``lr`` over the first ``warmup_steps`` steps, then stays there.
     """
     if not demonstrations:
-        raise ValueError("a warm start needs at least one demonstration")
+        raise ConfigurationError("a warm start needs at least one demonstration")
     if optimizer is None:
         from rllm.training.local.rloo import default_actor_config
 

@@ -13,6 +13,8 @@ import pickle
 from pathlib import Path
 from typing import Any
 
+from rllm.errors import ConfigurationError
+
 PICKLE_SUFFIX = ".pkl"
 """A path whose module part ends with this names an entry of a pickled mapping, not a module."""
 
@@ -28,7 +30,7 @@ def import_object(path: str) -> Any:
     if not sep:
         module_name, _, attr = path.rpartition(".")
     if not module_name or not attr:
-        raise ValueError(f"'{path}' is not a dotted path like 'package.module:name'")
+        raise ConfigurationError(f"'{path}' is not a dotted path like 'package.module:name'")
     try:
         return getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as error:

@@ -2,7 +2,8 @@
 
 verl builds one loop per trajectory from the registry ``actor_rollout_ref.rollout.agent.agent_loop_config_path``
 names and calls ``run(sampling_params, **row)``; the loop reads its settings from the recipe alone
-(``loop_settings``: ``rllm.agent_loop``, ``rllm.reward_fn``, verl's ``multi_turn`` keys). It builds the
+(``rllm.training.verl.settings.loop_settings``: ``rllm.agent_loop``, ``rllm.reward_fn``, verl's ``multi_turn``
+keys). It builds the
 row's agent (from ``tool_factory``, or the user's ``agent_factory`` given the row's task) over
 ``RLLMModel(VerlEngine(server_manager))``, runs it as evaluation does (``run_factory_built``), scores it
 with ``rllm.reward_fn`` when set, and returns one ``AgentLoopOutput`` per sample of the rollout, each from
@@ -14,7 +15,6 @@ samples: ARCHITECTURE.md, "Training" and "Credit".
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import json
@@ -28,7 +28,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 from rllm.data.verl_rows import row_task
 from rllm.engine.rollout.verl_engine import VerlEngine, VerlSession
 from rllm.errors import ConfigurationError
-from rllm.integrations.strands import Budget, RLLMModel, RolloutRecorder, describe_failure
+from rllm.integrations.strands import RLLMModel, RolloutRecorder, describe_failure
 from rllm.integrations.strands.rollout import (
     Built,
     FinishedRollout,
@@ -38,179 +38,22 @@ from rllm.integrations.strands.rollout import (
 )
 from rllm.integrations.strands.teams import record_built
 from rllm.integrations.strands.traced import ServedPolicy, run_factory_built
-from rllm.parser import get_tool_parser
 from rllm.rewards.base import score_answer
 from rllm.tokens.renderer import content_text
 from rllm.tracing.policy_server import PolicyServer
 from rllm.training.verl._dotted import import_object
 from rllm.training.verl.reward import CORRECT_FIELD, REWARD_FIELD
 from rllm.training.verl.secrets import receive_secrets
+from rllm.training.verl.settings import (
+    AGENT_LOOP_KEYS,
+    MULTI_TURN_KEY,
+    SETTINGS_KEY,
+    LoopSettings,
+    loop_settings,
+)
 from rllm.types import TerminationReason
 
 logger = logging.getLogger(__name__)
-
-SETTINGS_KEY = "rllm.agent_loop"
-"""Where the recipe holds the loop's settings (the fields of ``LoopSettings``)."""
-MULTI_TURN_KEY = "actor_rollout_ref.rollout.multi_turn"
-
-_UNSUPPORTED_MULTI_TURN = {
-    "max_user_turns": "limit tool rounds with the budget's max_tool_iterations (rllm.agent_loop.budget)",
-    "max_parallel_calls": "the agent runs every call of a turn; limit calls with the budget's max_tool_calls",
-    "max_tool_response_length": "tools bound their own output (local_search: rllm.agent_loop.tool_kwargs.max_chars)",
-    "tool_response_truncate_side": "tools bound their own output (local_search: rllm.agent_loop.tool_kwargs.max_chars)",
-    "use_inference_chat_template": "the loop trains on the exact tokens it sampled (token-in/token-out)",
-    "tokenization_sanity_check_mode": "the loop checks the chat template when its engine is built (TemplateError)",
-    "tool_config_path": "the loop runs the Strands tools of rllm.agent_loop.tool_factory",
-    "function_tool_path": "the loop runs the Strands tools of rllm.agent_loop.tool_factory",
-}
-"""verl ``multi_turn`` keys that would shape a rollout and that this loop cannot honour: a value other
-than verl's default is refused, with what to do instead. (``format`` and ``max_assistant_turns``
-are honoured; ``enable`` and ``num_repeat_rollouts`` shape no rollout of this loop.)"""
-
-
-@dataclass(frozen=True)
-class LoopSettings:
-    """What the loop runs, from the recipe's ``rllm.agent_loop`` block and verl's ``multi_turn`` keys.
-
-    Attributes:
-        tool_factory: ``module:function`` returning the agent's Strands tools; the loop builds a
-            ``StrandsAgent`` with them, the system prompt and the budget. One of it and ``agent_factory``.
-        agent_factory: ``module:function`` with ``function(model, row)`` returning any Strands ``Agent``
-            built on ``model`` (the rollout's ``RLLMModel``) for the dataset row as verl passes it
-            (``raw_prompt``, ``extra_info``, ``reward_model``, ...): the user's own agent, its class,
-            hooks, tools and conversation manager. The loop attaches a ``RolloutRecorder`` (with the
-            budget and ``infra_exceptions``) and runs it on the row's prompt without its system
-            message, which the factory reads from the row if it wants it.
-        tool_kwargs: Keyword arguments for ``tool_factory`` (e.g. ``retrieval_url``).
-        system_prompt: Used when the row's prompt has no system message (a row without one and a
-            ``None`` here is refused).
-        budget: The episode ``Budget``: ``budget`` in the block (a dotted path to a ``Budget``,
-            or a mapping of its fields), its model calls replaced by ``multi_turn.max_assistant_turns``
-            when that is set.
-        tool_parser: How tool calls are parsed from sampled text: ``multi_turn.format``.
-        timeout_s: Wall-clock limit per rollout; a rollout that runs past it is an infrastructure
-            failure (a hung tool or server), excluded from the update. ``None``: no limit.
-        infra_exceptions: Further exception classes (``infra_exceptions`` in the block, dotted
-            paths) that, raised by a tool, mark the rollout as an infrastructure failure
-            (``rllm.errors.InfrastructureError`` always does). Empty by default: tools mark their
-            own backend failures by raising ``rllm.errors.ToolBackendError`` (as ``local_search``
-            does); name a third-party exception (``httpx.TransportError``) only when it can never
-            be the policy's doing.
-        max_tokens_per_turn: Most tokens one model call may sample (Strands' model ``params``
-            ``max_tokens``); ``None``: whatever is left of ``response_length``.
-        own_client: The factory's agent may keep its own model client (Strands' ``OpenAIModel`` on
-            ``rllm.tracing.policy_endpoint().async_client()``): the worker serves the policy to it over
-            HTTP (``rllm.tracing.PolicyServer``, its address in ``RLLM_POLICY_*``), each call on the
-            rollout's engine, and the rollout is read from the server's traces (``run_served_rollout``).
-            An agent the factory builds on the model it is given runs on that model as without it.
-        reward_fn: ``module:function`` (the recipe's ``rllm.reward_fn``) with ``function(task, final_answer)``
-            returning a ``RewardOutput`` or a number, as ``StrandsWorkflow`` scores: the loop scores each
-            finished rollout with it and the reward function verl calls reads that score. ``None``: the
-            recipe's ``reward_kwargs.scorer`` scores instead.
-    """
-
-    tool_factory: str | None
-    tool_kwargs: dict[str, Any]
-    system_prompt: str | None
-    budget: Budget
-    tool_parser: str
-    timeout_s: float | None
-    infra_exceptions: tuple[type[BaseException], ...]
-    max_tokens_per_turn: int | None = None
-    agent_factory: str | None = None
-    own_client: bool = False
-    reward_fn: str | None = None
-
-
-_BLOCK_KEYS = ("tool_factory", "agent_factory", "tool_kwargs", "system_prompt", "budget", "timeout_s",
-               "infra_exceptions", "max_tokens_per_turn", "own_client")
-REWARD_KEY = "rllm.reward_fn"
-"""The recipe's reward: ``module:function`` scoring ``(task, final_answer)`` as evaluation does."""
-
-
-def _budget(value: Any) -> Budget:
-    if value is None:
-        return Budget()
-    if isinstance(value, str):
-        budget = import_object(value)
-        if not isinstance(budget, Budget):
-            raise TypeError(f"{SETTINGS_KEY}.budget: {value} is a {type(budget).__name__}, not a Budget")
-        return budget
-    if isinstance(value, dict):
-        fields = {f.name for f in dataclasses.fields(Budget)}
-        unknown = sorted(set(value) - fields)
-        if unknown:
-            raise ValueError(f"{SETTINGS_KEY}.budget: unknown keys {unknown}; a Budget has {sorted(fields)}")
-        return Budget(**value)
-    raise TypeError(f"{SETTINGS_KEY}.budget must be a dotted path to a Budget or a mapping, not {value!r}")
-
-
-def _check_multi_turn(multi_turn: dict[str, Any]) -> None:
-    from verl.workers.config import MultiTurnConfig
-
-    defaults = {f.name: f.default for f in dataclasses.fields(MultiTurnConfig)}
-    for key, instead in _UNSUPPORTED_MULTI_TURN.items():
-        if key in multi_turn and multi_turn[key] != defaults.get(key):
-            raise ValueError(f"StrandsAgentLoop cannot honour {MULTI_TURN_KEY}.{key}={multi_turn[key]!r}; "
-                             f"leave it at verl's default ({defaults.get(key)!r}): {instead}")
-
-
-def loop_settings(config: Any) -> LoopSettings:
-    """The loop's settings from the (composed) trainer config; a clear error for anything it would ignore.
-
-    Raises ``ValueError`` (naming the key) for a missing ``rllm.agent_loop`` block or
-    ``tool_factory``, an unknown key in the block, an unknown ``multi_turn.format``, and a
-    ``multi_turn`` key set to a value the loop cannot honour.
-    """
-    block = OmegaConf.select(config, SETTINGS_KEY, default=None)
-    if block is None:
-        raise ValueError(f"StrandsAgentLoop reads its settings from the recipe's {SETTINGS_KEY} block "
-                         f"({', '.join(_BLOCK_KEYS)}), which this config lacks")
-    values = dict(_plain(block))
-    unknown = sorted(set(values) - set(_BLOCK_KEYS))
-    if unknown:
-        raise ValueError(f"unknown keys {[f'{SETTINGS_KEY}.{k}' for k in unknown]}; "
-                         f"StrandsAgentLoop reads {', '.join(_BLOCK_KEYS)}")
-    if bool(values.get("tool_factory")) == bool(values.get("agent_factory")):
-        raise ValueError(f"{SETTINGS_KEY}: set either tool_factory (the agent's tools, module:function) or "
-                         "agent_factory (module:function building the whole Strands agent), exactly one")
-    multi_turn = dict(_plain(OmegaConf.select(config, MULTI_TURN_KEY, default=None)) or {})
-    _check_multi_turn(multi_turn)
-    budget = _budget(values.get("budget"))
-    if multi_turn.get("max_assistant_turns") is not None:
-        budget = dataclasses.replace(budget, max_model_turns=int(multi_turn["max_assistant_turns"]))
-    tool_parser = str(multi_turn.get("format") or "hermes")
-    try:
-        get_tool_parser(tool_parser)
-    except ValueError as error:
-        raise ValueError(f"{MULTI_TURN_KEY}.format: {error}") from None
-    own_client = values.get("own_client") or False
-    if not isinstance(own_client, bool):
-        raise ValueError(f"{SETTINGS_KEY}.own_client must be true or false, got {own_client!r}")
-    if own_client and not values.get("agent_factory"):
-        raise ValueError(f"{SETTINGS_KEY}.own_client: true serves an agent_factory's agent on its own client; "
-                         "set agent_factory")
-    timeout = values.get("timeout_s")
-    per_turn = values.get("max_tokens_per_turn")
-    if per_turn is not None and int(per_turn) < 1:
-        raise ValueError(f"{SETTINGS_KEY}.max_tokens_per_turn must be at least 1 (or null), got {per_turn}")
-    reward_fn = OmegaConf.select(config, REWARD_KEY, default=None)
-    if reward_fn is not None and not isinstance(reward_fn, str):
-        raise ValueError(f"{REWARD_KEY} must be a dotted path like 'my_module:my_reward', got {reward_fn!r}")
-    return LoopSettings(
-        reward_fn=reward_fn or None,
-        tool_factory=str(values["tool_factory"]) if values.get("tool_factory") else None,
-        agent_factory=str(values["agent_factory"]) if values.get("agent_factory") else None,
-        tool_kwargs=dict(values.get("tool_kwargs") or {}),
-        system_prompt=values.get("system_prompt"),
-        budget=budget,
-        tool_parser=tool_parser,
-        timeout_s=None if timeout is None else float(timeout),
-        infra_exceptions=tuple(import_object(path) for path in values.get("infra_exceptions") or ()),
-        max_tokens_per_turn=None if per_turn is None else int(per_turn),
-        own_client=own_client,
-    )
-
 
 OUTCOME_KWARG = "rllm_outcome"
 """The keyword under which a worker may pass ``run`` a ``RolloutOutcome`` to fill in."""
@@ -296,12 +139,12 @@ def split_prompt(raw_prompt: Any) -> tuple[str | None, list[dict[str, Any]]]:
     """The row's system prompt (if its first message is one) and the rest as Strands messages."""
     messages = [dict(m) for m in _plain(raw_prompt)]
     if not messages:
-        raise ValueError("the row's prompt has no messages")
+        raise ConfigurationError("the row's prompt has no messages")
     system = None
     if messages[0].get("role") == "system":
         system = content_text(messages.pop(0).get("content"))
     if not messages:
-        raise ValueError("the row's prompt has a system message but no user message")
+        raise ConfigurationError("the row's prompt has a system message but no user message")
     return system, [{"role": m["role"], "content": [{"text": content_text(m.get("content"))}]} for m in messages]
 
 
@@ -319,15 +162,15 @@ class StrandsAgentLoop(AgentLoopBase):
     """
 
     def __init__(self, *args: Any, tools: Any = None, name: str | None = None, **kwargs: Any) -> None:
-        misplaced = sorted(set(kwargs) & {*_BLOCK_KEYS, "max_model_turns", "max_tool_iterations", "max_tool_calls",
+        misplaced = sorted(set(kwargs) & {*AGENT_LOOP_KEYS, "max_model_turns", "max_tool_iterations", "max_tool_calls",
                                           "tool_parser"})
         if misplaced:
-            raise TypeError(f"StrandsAgentLoop got {misplaced} from its agent-loop YAML entry; its settings come "
-                            f"from the recipe alone: set them under {SETTINGS_KEY} (the tool parser is "
-                            f"{MULTI_TURN_KEY}.format)")
+            raise ConfigurationError(f"StrandsAgentLoop got {misplaced} from its agent-loop YAML entry; its settings "
+                                     f"come from the recipe alone: set them under {SETTINGS_KEY} (the tool parser "
+                                     f"is {MULTI_TURN_KEY}.format)")
         super().__init__(*args, **kwargs)
         if tools is not None and getattr(tools, "tools", None):
-            raise ValueError(
+            raise ConfigurationError(
                 "StrandsAgentLoop runs the Strands tools of tool_factory; unset "
                 "actor_rollout_ref.rollout.multi_turn.tool_config_path / function_tool_path"
             )
@@ -369,8 +212,9 @@ class StrandsAgentLoop(AgentLoopBase):
             return from_row
         if self.settings.system_prompt is not None:
             return self.settings.system_prompt
-        raise ValueError("the row's prompt has no system message and the agent loop's system_prompt is null; "
-                         "write it into the rows (scripts/prepare_hotpotqa.py does) or set system_prompt")
+        raise ConfigurationError("the row's prompt has no system message and the agent loop's system_prompt is "
+                                 "null; write it into the rows (scripts/prepare_hotpotqa.py does) or set "
+                                 f"{SETTINGS_KEY}.system_prompt")
 
     def build_engine(self, sampling_params: dict[str, Any]) -> VerlEngine:
         """The rollout's token engine over verl's server client, with verl's lengths and sampling."""

@@ -1,9 +1,9 @@
-"""verl on CPU: the platform, process group and overrides that let verl's own trainer run without a GPU.
+"""verl on CPU: the platform, process group and recipe overlay that let verl's own trainer run without a GPU.
 
 For tests and laptops: ``RLLM_VERL_CPU=1`` (set by the launcher's ``--cpu``, never chosen silently)
 makes the plugin (``rllm.training.verl.plugin``, imported by ``import verl`` in every process)
-register this platform, and the launcher adds ``CPU_OVERRIDES`` to the recipe. The pinned verl ships no
-CPU platform; what it takes:
+register this platform, and the launcher merges the recipe overlay ``config/overlay/cpu.yaml``
+(``CPU_OVERLAY``) into the recipe. The pinned verl ships no CPU platform; what it takes:
 
 * a ``PlatformBase`` named ``cpu`` (verl's own registry; ``VERL_PLATFORM=cpu`` selects it) whose
   Ray resource is ``GPU``, so verl's resource pools (which always ask for GPUs) get one *logical*
@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from rllm.errors import ConfigurationError
+
 logger = logging.getLogger(__name__)
 
 CPU_SWITCH = "RLLM_VERL_CPU"
@@ -48,34 +50,12 @@ def cpu_environment() -> dict[str, str]:
     """
     return {**CPU_ENV, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS") or str(os.cpu_count() or 1)}
 
-CPU_OVERRIDES = [
-    "trainer.n_gpus_per_node=1",
-    "trainer.nnodes=1",
-    "++ray_kwargs.ray_init.num_cpus=16",
-    "++ray_kwargs.ray_init.num_gpus=1",
-    "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
-    "++actor_rollout_ref.model.override_config.attn_implementation=sdpa",
-    "actor_rollout_ref.actor.strategy=fsdp2",
-    "actor_rollout_ref.ref.strategy=fsdp2",
-    "actor_rollout_ref.rollout.name=rllm_embedded",
-    "actor_rollout_ref.rollout.dtype=float32",
-    "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32",
-    "actor_rollout_ref.rollout.agent.num_workers=1",
-    "reward.num_workers=1",
-    "actor_rollout_ref.actor.fsdp_config.use_torch_compile=false",
-    "actor_rollout_ref.model.use_remove_padding=false",
-    "actor_rollout_ref.model.use_fused_kernels=true",
-]
-"""Hydra overrides that fit a recipe to one CPU process: one logical GPU, one storage unit, sdpa,
-FSDP2, the embedded rollout backend in fp32 (fp16 does not work on CPU: see ``check_precision``).
-And four that cost a 2-core machine most of a step (measured: docs/benchmarks.md): one
-reward worker, not verl's 8 (each a Python process importing verl and torch at start-up); no
-``torch.compile`` of the entropy function (inductor compiles C++ on the first step); padded rather
-than packed micro-batches (``use_remove_padding``: packed rows share one attention call under
-``sdpa``, whose cost grows with the square of the whole micro-batch's length); and verl's fused
-output layer (``use_fused_kernels``, its pure-torch backend), which computes each position's log-prob
-from the hidden state in chunks instead of materialising the logits of every prompt and response
-position (the log-probs are the same: the gap guard measures them)."""
+CPU_OVERLAY = "cpu"
+"""``--cpu``'s Hydra overlay, ``config/overlay/cpu.yaml``: what fits a recipe to one CPU process (one logical GPU,
+one storage unit, sdpa, FSDP2, the embedded rollout backend in fp32; fp16 does not work on CPU: see
+``check_precision``), and four settings that cost a 2-core machine most of a step; the file says why each."""
+CPU_OVERRIDES = [f"+overlay={CPU_OVERLAY}"]
+"""The Hydra override that selects the CPU overlay, for composing a recipe as ``--cpu`` does (``hydra.compose``)."""
 
 
 def cpu_mode() -> bool:
@@ -239,8 +219,8 @@ def check_precision(config: Any) -> None:
     them in fp16: past 65504 (about 7,300 tokens at the entropy of a random 8k-vocabulary model) it is
     inf. verl's ``ShardedGradScaler`` defaults to ``device="cuda"`` and turns itself off without CUDA,
     so there is no loss scaling and no skipping of inf/NaN gradients. bf16 has fp32's range: it
-    trains on CPU (its log-probs are coarser). Raises ``ValueError`` when the actor's mixed-precision
-    ``param_dtype`` or the rollout's ``dtype`` is fp16.
+    trains on CPU (its log-probs are coarser). Raises ``ConfigurationError`` when the actor's
+    mixed-precision ``param_dtype`` or the rollout's ``dtype`` is fp16.
     """
     from omegaconf import OmegaConf
 
@@ -248,8 +228,8 @@ def check_precision(config: Any) -> None:
     fp16 = {key: value for key in keys if str(value := OmegaConf.select(config, key, default="")).lower() in _FP16}
     if fp16:
         settings = ", ".join(f"{k}={v}" for k, v in fp16.items())
-        raise ValueError(f"{settings}: fp16 half precision does not train on CPU: CPU autocast, unlike CUDA's, leaves "
-                         "softmax and sum in fp16, so verl's per-token entropies stay fp16 and their sum over a step "
-                         "overflows to inf, and verl's ShardedGradScaler turns itself off without CUDA (no loss "
-                         "scaling, no skipping of inf/NaN gradients); run fp16 on a GPU, or set these to fp32 / "
-                         "float32 or bf16 / bfloat16 for a CPU run")
+        raise ConfigurationError(f"{settings}: fp16 half precision does not train on CPU: CPU autocast, unlike CUDA's, "
+                                 "leaves softmax and sum in fp16, so verl's per-token entropies stay fp16 and their "
+                                 "sum over a step overflows to inf, and verl's ShardedGradScaler turns itself off "
+                                 "without CUDA (no loss scaling, no skipping of inf/NaN gradients); run fp16 on a GPU, "
+                                 "or set these to fp32 / float32 or bf16 / bfloat16 for a CPU run")

@@ -37,17 +37,14 @@ import ray
 from omegaconf import OmegaConf
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ
 
-from rllm.errors import InfrastructureFailureRateError, SystemicFailureError
+from rllm.errors import ConfigurationError, InfrastructureFailureRateError, SystemicFailureError
 from rllm.tracing.policy_server import PolicyServer
 from rllm.training.verl.agent_loop import OUTCOME_KWARG, POLICY_SERVER_KWARG, RolloutOutcome
+from rllm.training.verl.settings import read_settings
 from rllm.training.verl.trainer.guards import GUARDED_MODE
 from rllm.training.verl.verl_internals import SYNC_MODE, agent_loop_workers, ray_actor_class, use_agent_loop_worker
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_MAX_INFRA_FAILURE_SHARE = 0.5
-SHARE_KEY = "rllm.max_infra_failure_share"
-"""Where the recipe sets the share (a top-level ``rllm:`` block; ``null`` turns the breaker off)."""
 
 
 @dataclass
@@ -142,21 +139,19 @@ class StrandsAgentLoopWorker(ray_actor_class(AgentLoopWorkerTQ)):  # type: ignor
 class StrandsAgentLoopManager(AgentLoopManagerTQ):
     """``AgentLoopManagerTQ`` that fails a batch with a raising rollout or too many dropped ones.
 
-    ``max_infra_failure_share`` comes from the config's ``rllm.max_infra_failure_share`` (default
-    0.5; ``null``: never stop for dropped rollouts).
+    ``max_infra_failure_share`` comes from the config's ``rllm.max_infra_failure_share``
+    (``rllm.training.verl.settings``: default 0.5; ``null``: never stop for dropped rollouts).
     """
 
     def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(config, *args, **kwargs)
         mode = OmegaConf.select(config, "trainer.v1.trainer_mode", default=GUARDED_MODE)
         if mode not in (GUARDED_MODE, SYNC_MODE):
-            raise ValueError(f"StrandsAgentLoopManager waits for each batch's rollouts, which only suits the "
-                             f"synchronous trainer (trainer.v1.trainer_mode={GUARDED_MODE}, got {mode!r}); unset "
-                             "actor_rollout_ref.rollout.agent.agent_loop_manager_class for the async modes")
-        share = OmegaConf.select(config, SHARE_KEY, default=DEFAULT_MAX_INFRA_FAILURE_SHARE)
-        if share is not None and not 0 <= float(share) <= 1:
-            raise ValueError(f"{SHARE_KEY} must be between 0 and 1 (or null), got {share}")
-        self.max_infra_failure_share = None if share is None else float(share)
+            raise ConfigurationError(f"StrandsAgentLoopManager waits for each batch's rollouts, which only suits the "
+                                     f"synchronous trainer (trainer.v1.trainer_mode={GUARDED_MODE}, got {mode!r}); "
+                                     "unset actor_rollout_ref.rollout.agent.agent_loop_manager_class for the async "
+                                     "modes")
+        self.max_infra_failure_share = read_settings(config).max_infra_failure_share
         use_agent_loop_worker(self, StrandsAgentLoopWorker)
         self.last_report: BatchReport | None = None
 

@@ -5,14 +5,15 @@ prompt needs would otherwise surface minutes into a run, once Ray and verl's wor
 the launcher reads the ``rllm`` block (every key known), imports what it names, reads the first
 training row, builds the agent for it exactly as a rollout worker will (the factory called on the
 task, with a model that refuses to generate), scores an empty answer with the reward, and finds the
-retrieval servers the agent's tools search. Each failure names the key (a ``ConfigurationError``; the
-agent loop's own settings keep the ``ValueError`` or ``TypeError`` of ``loop_settings``).
+retrieval servers the agent's tools search. Each failure names the key (a ``ConfigurationError``, as
+``rllm.training.verl.settings`` raises for the block's own values).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 from collections.abc import Iterator
@@ -31,7 +32,6 @@ from rllm.rewards.base import score_answer
 from rllm.tracing.policy_server import API_KEY_ENV, BASE_URL_ENV, MODEL_ENV
 from rllm.training.verl._dotted import import_object
 from rllm.training.verl.agent_loop import (
-    REWARD_KEY,
     SETTINGS_KEY,
     LoopSettings,
     build_tools,
@@ -40,12 +40,13 @@ from rllm.training.verl.agent_loop import (
     row_task_or_row,
     split_prompt,
 )
+from rllm.training.verl.settings import BLOCK_KEY, REWARD_KEY, RllmSettings, read_settings
 from rllm.types import ModelOutput
 
 logger = logging.getLogger(__name__)
 
-RLLM_KEYS = ("guards", "max_infra_failure_share", "reward_fn", "agent_loop")
-"""The keys of the recipe's ``rllm`` block; any other is refused (a typo would otherwise be ignored)."""
+RLLM_KEYS = tuple(spec.name for spec in dataclasses.fields(RllmSettings))
+"""The keys of the recipe's ``rllm`` block (``rllm.training.verl.settings``); any other is refused."""
 SCORER_KEY = "reward.custom_reward_function.reward_kwargs.scorer"
 RLLM_REWARD_PATH = "pkg://rllm.training.verl.reward"
 
@@ -77,15 +78,11 @@ class _NoGeneration:
 
 
 def check_rllm_block(config: Any) -> None:
-    """Refuse a key of the ``rllm`` block that nothing reads."""
-    block = OmegaConf.select(config, "rllm", default=None)
-    if block is None:
+    """Refuse a recipe without the ``rllm`` block, or a value of it that ``read_settings`` refuses."""
+    if OmegaConf.select(config, BLOCK_KEY, default=None) is None:
         raise ConfigurationError(f"the recipe has no rllm block ({', '.join(RLLM_KEYS)}); start from "
                                  "strands_agent_rloo.yaml")
-    unknown = sorted(set(block.keys()) - set(RLLM_KEYS))
-    if unknown:
-        raise ConfigurationError(f"unknown keys {[f'rllm.{key}' for key in unknown]}; the rllm block holds "
-                                 f"{', '.join(RLLM_KEYS)}")
+    read_settings(config)
 
 
 def first_row(config: Any) -> dict[str, Any]:
@@ -108,7 +105,7 @@ def first_row(config: Any) -> dict[str, Any]:
 def _import(key: str, path: str) -> Any:
     try:
         return import_object(path)
-    except (ImportError, ValueError) as error:
+    except (ImportError, ConfigurationError) as error:
         raise ConfigurationError(f"{key}={path}: {error}") from None
 
 
@@ -134,7 +131,7 @@ def _policy_placeholder(own_client: bool) -> Iterator[None]:
 def preflight(config: Any) -> Preflight:
     """Try the run's agent, tools and reward on its first training task; ``ConfigurationError`` naming what fails."""
     check_rllm_block(config)
-    settings = loop_settings(config)  # its own errors name the key (ValueError, TypeError, ImportError)
+    settings = loop_settings(config)  # its own errors name the key (ConfigurationError)
     _check_reward_source(config, settings)
     row = first_row(config)
     # As verl's worker passes a row to the loop: its prompt as raw_prompt, in the first session of its group.

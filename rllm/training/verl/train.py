@@ -15,11 +15,12 @@ tries the agent, its tools and its reward on the first training task (``prefligh
 config, resolved, without starting Ray, a GPU or the retrieval server; ``--print-config`` only prints
 it. Task files (JSON, JSONL, or parquet that is not verl rows) are written as verl rows under
 ``trainer.default_local_dir``. A real run first checks the retrieval servers the agent's tools search,
-and only those. ``--smoke`` runs two real steps of the recipe on this machine (``SMOKE_OVERRIDES``);
-``--cpu`` runs verl on the CPU (``rllm.training.verl.cpu``). The trainer is verl's own, run by
-``GuardedTaskRunner`` (trainer mode ``rllm_sync``): every step logs the training guards and stops when one is
-violated. Ray is started by verl's own ``run_ppo`` (``start_ray``), after verl has set the environment
-the recipe asks for. The
+and only those. ``--smoke`` runs two real steps of the recipe on this machine and ``--cpu`` runs verl on
+the CPU (``rllm.training.verl.cpu``): each selects a Hydra overlay of ``config/overlay/``
+(``+overlay=smoke``, ``+overlay=[cpu,smoke]``), merged after the recipe and before the command line's
+overrides. The trainer is verl's own, run by ``GuardedTaskRunner`` (trainer mode ``rllm_sync``): every
+step logs the training guards and stops when one is violated. Ray is started by verl's own ``run_ppo``
+(``start_ray``), after verl has set the environment the recipe asks for. The
 retrieval server's token goes from this process's ``RETRIEVAL_TOKEN`` to the rollout workers
 through a Ray actor (``rllm.training.verl.secrets``), never through the config verl prints and
 tracks or the runtime environment Ray logs.
@@ -38,6 +39,8 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from rllm.errors import ConfigurationError
+
 logger = logging.getLogger(__name__)
 
 CONFIG_DIR = Path(str(importlib.resources.files("rllm.training.verl") / "config"))
@@ -47,25 +50,24 @@ DRY_RUN_FLAG = "--dry-run"
 PRINT_FLAG = "--print-config"
 CPU_FLAG = "--cpu"
 SMOKE_FLAG = "--smoke"
-SMOKE_OVERRIDES = [
-    "actor_rollout_ref.rollout.name=rllm_embedded",
-    "trainer.n_gpus_per_node=1",
-    "trainer.nnodes=1",
-    "data.train_batch_size=2",
-    "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-    "actor_rollout_ref.rollout.n=2",
-    "actor_rollout_ref.rollout.agent.num_workers=1",
-    "trainer.total_training_steps=2",
-    "trainer.total_epochs=2",  # two steps even when the data holds a single batch
-    "trainer.val_before_train=false",
-    "trainer.test_freq=-1",
-    "trainer.save_freq=-1",
-    "trainer.logger=[console,file]",  # the file logger writes VERL_FILE_LOGGER_PATH (default: the run's metrics.jsonl)
-    "data.dataloader_num_workers=0",  # no loader processes for four prompts (and none left to kill at the end)
-]
-"""``--smoke``: two real steps of the recipe on this machine (one GPU with the embedded backend, or ``--cpu``),
-two prompts of two rollouts each, nothing saved or validated, so a broken tool, reward, template or config
-shows before a cluster is rented. Overrides given after it still apply."""
+OVERLAY_GROUP = "overlay"
+"""The Hydra config group of overlays in ``config/overlay/``: ``+overlay=cpu``, ``+overlay=[cpu,smoke]``."""
+SMOKE_OVERLAY = "smoke"
+"""``--smoke``: ``config/overlay/smoke.yaml``, two real steps of the recipe on this machine (one GPU with the
+embedded backend, or ``--cpu``), two prompts of two rollouts each, nothing saved or validated, so a broken tool,
+reward, template or config shows before a cluster is rented. Overrides given after it still apply."""
+SMOKE_OVERRIDES = [f"+{OVERLAY_GROUP}={SMOKE_OVERLAY}"]
+"""The Hydra override that selects the smoke overlay (alone; with ``--cpu`` the launcher selects both at once)."""
+
+
+def overlay_override(names: list[str]) -> list[str]:
+    """The Hydra override that selects the overlays ``names`` in this order (none: no override).
+
+    Hydra merges them after the recipe and before the command line's overrides, so the user's values win.
+    """
+    if not names:
+        return []
+    return [f"+{OVERLAY_GROUP}={names[0]}" if len(names) == 1 else f"+{OVERLAY_GROUP}=[{','.join(names)}]"]
 
 
 def _absolute(path: str, *roots: Path) -> str:
@@ -80,12 +82,16 @@ def _absolute(path: str, *roots: Path) -> str:
 
 
 def prepare_config(config: DictConfig) -> DictConfig:
-    """Resolve interpolations and make the data and agent-loop paths absolute, in place.
+    """Resolve interpolations, read the ``rllm:`` block and make the data and agent-loop paths absolute, in place.
 
-    Data files are relative to the working directory; the agent-loop registry to the working
-    directory, else the shipped recipes' directory.
+    A value of the ``rllm:`` block that its reader refuses (``rllm.training.verl.settings``) stops here,
+    before anything starts. Data files are relative to the working directory; the agent-loop registry to
+    the working directory, else the shipped recipes' directory.
     """
+    from rllm.training.verl.settings import read_settings
+
     OmegaConf.resolve(config)
+    read_settings(config)
     cwd = Path.cwd()
     with open_dict(config):
         agent = config.actor_rollout_ref.rollout.agent
@@ -135,28 +141,28 @@ def check_launch(config: DictConfig) -> Any:
     Returns the agent's ``Preflight`` (``check_agent_loops``).
     """
     from rllm.training.verl.cpu import check_precision, cpu_mode
-    from rllm.training.verl.trainer.guards import GUARDED_MODE, GUARDS_KEY, GuardSettings
+    from rllm.training.verl.settings import read_settings
+    from rllm.training.verl.trainer.guards import GUARDED_MODE
     from rllm.training.verl.verl_internals import check_verl_version
 
     check_verl_version(strict=True)
-    block = OmegaConf.select(config, GUARDS_KEY, default=None)
-    guards = GuardSettings.from_mapping(OmegaConf.to_container(block, resolve=True) if block is not None else None)  # type: ignore[arg-type]
+    guards = read_settings(config).guards
     n = int(config.actor_rollout_ref.rollout.n)
     if guards.min_rollouts_per_group is not None and n < guards.min_rollouts_per_group:
-        raise ValueError(f"actor_rollout_ref.rollout.n={n}: RLOO's baseline leaves each rollout out of its group's "
-                         f"mean, so it needs at least {guards.min_rollouts_per_group} rollouts per prompt "
-                         "(a group of one is REINFORCE without a baseline)")
+        raise ConfigurationError(f"actor_rollout_ref.rollout.n={n}: RLOO's baseline leaves each rollout out of its "
+                                 f"group's mean, so it needs at least {guards.min_rollouts_per_group} rollouts per "
+                                 "prompt (a group of one is REINFORCE without a baseline)")
     if not OmegaConf.select(config, "trainer.use_v1", default=True):
-        raise ValueError("trainer.use_v1=false: the Strands agent loop, its manager and the guards run on verl's "
-                         "v1 trainer only")
+        raise ConfigurationError("trainer.use_v1=false: the Strands agent loop, its manager and the guards run on "
+                                 "verl's v1 trainer only")
     mode = OmegaConf.select(config, "trainer.v1.trainer_mode")
     if mode != GUARDED_MODE:
-        raise ValueError(f"trainer.v1.trainer_mode={mode}: the launcher runs verl's synchronous trainer with rllm's "
-                         f"training guards, trainer.v1.trainer_mode={GUARDED_MODE}")
+        raise ConfigurationError(f"trainer.v1.trainer_mode={mode}: the launcher runs verl's synchronous trainer with "
+                                 f"rllm's training guards, trainer.v1.trainer_mode={GUARDED_MODE}")
     bypass = OmegaConf.select(config, "algorithm.rollout_correction.bypass_mode", default=False)
     if bypass and not OmegaConf.select(config, "actor_rollout_ref.rollout.calculate_log_probs", default=True):
-        raise ValueError("algorithm.rollout_correction.bypass_mode=true trains against the rollout's log-probs, "
-                         "which actor_rollout_ref.rollout.calculate_log_probs=false does not return")
+        raise ConfigurationError("algorithm.rollout_correction.bypass_mode=true trains against the rollout's "
+                                 "log-probs, which actor_rollout_ref.rollout.calculate_log_probs=false does not return")
     check_micro_batches(config)
     check_runtime_env(config)
     if guards.served_weights:
@@ -191,15 +197,16 @@ def check_served_weights(config: DictConfig) -> None:
 
     name = str(OmegaConf.select(config, "actor_rollout_ref.rollout.name"))
     if name not in READERS:
-        raise ValueError(f"actor_rollout_ref.rollout.name={name}: rllm compares the served weights with the actor's "
-                         f"after every sync for {list(READERS)} only; set rllm.guards.served_weights=false to train "
-                         "without that check")
+        raise ConfigurationError(f"actor_rollout_ref.rollout.name={name}: rllm compares the served weights with the "
+                                 f"actor's after every sync for {list(READERS)} only; set "
+                                 "rllm.guards.served_weights=false to train without that check")
     env_vars = OmegaConf.select(config, "ray_kwargs.ray_init.runtime_env.env_vars", default=None) or {}
     if name == "vllm" and str(env_vars.get(VLLM_RPC_ENV, os.environ.get(VLLM_RPC_ENV, ""))) != "1":
-        raise ValueError(f"actor_rollout_ref.rollout.name=vllm with rllm.guards.served_weights on: vLLM runs rllm's "
-                         f"fingerprint in its workers only with {VLLM_RPC_ENV}=1 (pickle between the engine's own "
-                         f"processes); set ray_kwargs.ray_init.runtime_env.env_vars.{VLLM_RPC_ENV}='1' as the vLLM "
-                         "recipe does, or rllm.guards.served_weights=false")
+        raise ConfigurationError("actor_rollout_ref.rollout.name=vllm with rllm.guards.served_weights on: vLLM runs "
+                                 f"rllm's fingerprint in its workers only with {VLLM_RPC_ENV}=1 (pickle between the "
+                                 "engine's own processes); set "
+                                 f"ray_kwargs.ray_init.runtime_env.env_vars.{VLLM_RPC_ENV}='1' as the vLLM recipe "
+                                 "does, or rllm.guards.served_weights=false")
 
 
 def check_micro_batches(config: DictConfig) -> None:
@@ -219,11 +226,11 @@ def check_micro_batches(config: DictConfig) -> None:
     gpus = int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes) // sequence_parallel
     rows = mini * n
     if rows % gpus or (rows // gpus) % int(micro):
-        raise ValueError(f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro} does not divide the "
-                         f"{rows / gpus:g} rows an actor mini-batch puts on each of its {gpus} data-parallel rank(s) "
-                         f"(actor.ppo_mini_batch_size={mini} x rollout.n={n}): verl's actor would stop at the first "
-                         "update; choose a micro-batch that divides it, or set "
-                         "actor_rollout_ref.actor.use_dynamic_bsz=true")
+        raise ConfigurationError(f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro} does not divide the "
+                                 f"{rows / gpus:g} rows an actor mini-batch puts on each of its {gpus} data-parallel "
+                                 f"rank(s) (actor.ppo_mini_batch_size={mini} x rollout.n={n}): verl's actor would stop "
+                                 "at the first update; choose a micro-batch that divides it, or set "
+                                 "actor_rollout_ref.actor.use_dynamic_bsz=true")
 
 
 def validate(config: DictConfig) -> Any:
@@ -246,9 +253,9 @@ def check_runtime_env(config: DictConfig) -> None:
     env_vars = OmegaConf.select(config, "ray_kwargs.ray_init.runtime_env.env_vars", default=None) or {}
     leaked = sorted(set(env_vars) & set(SECRET_ENV_VARS))
     if leaked:
-        raise ValueError(f"ray_kwargs.ray_init.runtime_env.env_vars.{leaked[0]} would print the secret with the "
-                         f"config, send it to every tracker and write it into Ray's logs: set {leaked[0]} in the "
-                         "environment of the launcher instead")
+        raise ConfigurationError(f"ray_kwargs.ray_init.runtime_env.env_vars.{leaked[0]} would print the secret with "
+                                 f"the config, send it to every tracker and write it into Ray's logs: set {leaked[0]} "
+                                 "in the environment of the launcher instead")
 
 
 def start_ray(config: DictConfig) -> None:
@@ -317,8 +324,8 @@ is strands_agent_rloo (rllm.agent_loop.agent_factory, rllm.reward_fn, data.train
   {DRY_RUN_FLAG}        check everything before Ray starts (the agent, its tools and reward on the first task) and
                    print the resolved config; start nothing
   {PRINT_FLAG}   print the composed config only
-  {SMOKE_FLAG}          two real steps of two prompts x two rollouts on this machine
-  {CPU_FLAG}            run verl on the CPU (fp32, FSDP2, gloo)
+  {SMOKE_FLAG}          two real steps of two prompts x two rollouts on this machine (+overlay=smoke)
+  {CPU_FLAG}            run verl on the CPU (fp32, FSDP2, gloo; +overlay=cpu)
   --config-name    a recipe shipped in rllm/training/verl/config, or one in --config-dir
   --config-dir     a folder with your own recipe (AgentTrainer writes agent_trainer.yaml into the run's folder)
 Hydra's own help follows.
@@ -343,6 +350,13 @@ def _hydra_options(args: list[str]) -> tuple[list[str], list[str]]:
     return options, overrides
 
 
+def flag_overlays(args: list[str]) -> list[str]:
+    """The overlays the launcher's flags select, in the order Hydra merges them: ``--cpu``'s, then ``--smoke``'s."""
+    from rllm.training.verl.cpu import CPU_OVERLAY
+
+    return [name for flag, name in ((CPU_FLAG, CPU_OVERLAY), (SMOKE_FLAG, SMOKE_OVERLAY)) if flag in args]
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: strip ``--dry-run`` and let Hydra parse the rest of the command line."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -352,18 +366,16 @@ def main(argv: list[str] | None = None) -> None:
     dry_run = DRY_RUN_FLAG in args or print_only
     flags = (DRY_RUN_FLAG, PRINT_FLAG, CPU_FLAG, SMOKE_FLAG)
     options, overrides = _hydra_options([a for a in args if a not in flags])
-    if SMOKE_FLAG in args:
-        if CPU_FLAG not in args and not dry_run:
-            import torch
+    if SMOKE_FLAG in args and CPU_FLAG not in args and not dry_run:
+        import torch
 
-            if not torch.cuda.is_available():
-                sys.exit(f"{SMOKE_FLAG}: no GPU here; add {CPU_FLAG} to run the smoke steps on the CPU")
-        overrides = [*SMOKE_OVERRIDES, *overrides]
+        if not torch.cuda.is_available():
+            sys.exit(f"{SMOKE_FLAG}: no GPU here; add {CPU_FLAG} to run the smoke steps on the CPU")
     if CPU_FLAG in args:  # before verl is imported: its plugin reads the switch at import
-        from rllm.training.verl.cpu import CPU_OVERRIDES, cpu_environment
+        from rllm.training.verl.cpu import cpu_environment
 
         os.environ.update(cpu_environment())
-        overrides = [*CPU_OVERRIDES, *overrides]
+    overrides = [*overlay_override(flag_overlays(args)), *overrides]
     args = [*options, *overrides]  # Hydra's options first: argparse takes no option between the overrides
     if dry_run:  # print only: no Hydra output directory, log file or logging setup
         args += ["hydra.output_subdir=null", "hydra.run.dir=.", "hydra/job_logging=disabled",

@@ -37,11 +37,13 @@ def serving_dtype(name: str) -> object:
     """The torch dtype of ``rollout.dtype``; a clear error for one this backend does not serve."""
     import torch
 
+    from rllm.errors import ConfigurationError
+
     try:
         return getattr(torch, _DTYPES[str(name).lower()])
     except KeyError:
-        raise ValueError(f"actor_rollout_ref.rollout.dtype={name!r}: the embedded backend serves "
-                         f"{sorted(set(_DTYPES))}") from None
+        raise ConfigurationError(f"actor_rollout_ref.rollout.dtype={name!r}: the embedded backend serves "
+                                 f"{sorted(set(_DTYPES))}") from None
 
 
 def server_name(replica_rank: int) -> str:

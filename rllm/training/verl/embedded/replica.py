@@ -6,6 +6,7 @@ from typing import Any
 
 import ray
 
+from rllm.errors import ConfigurationError
 from rllm.training.verl.embedded import BACKEND_NAME, server_name
 from rllm.training.verl.embedded.server import EmbeddedRolloutServer
 from rllm.training.verl.verl_internals import call_on_actor, set_replica_servers
@@ -30,10 +31,11 @@ class EmbeddedReplica(_replica_base()):  # type: ignore[misc]
         from verl.utils.device import get_resource_name
 
         if self.nnodes != 1:
-            raise ValueError("the embedded rollout backend serves a replica from one node "
-                             "(tensor_model_parallel_size x data_parallel_size within a node)")
+            raise ConfigurationError("the embedded rollout backend serves a replica from one node "
+                                     "(tensor_model_parallel_size x data_parallel_size within a node)")
         if not self.workers:
-            raise ValueError("the embedded rollout backend runs colocated with the FSDP workers (hybrid engine)")
+            raise ConfigurationError("the embedded rollout backend runs colocated with the FSDP workers (hybrid "
+                                     "engine)")
         resource = get_resource_name()
 
         def _where(worker: Any) -> tuple[str, str]:

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from rllm.errors import WeightSyncError
+from rllm.errors import ConfigurationError, WeightSyncError
 from rllm.training.verl.embedded import serving_dtype
 from rllm.training.verl.weights.fingerprint import WeightFingerprint
 
@@ -74,7 +74,7 @@ class EmbeddedRolloutServer:
         from verl.workers.rollout.replica import TokenOutput
 
         if image_data is not None or video_data is not None:
-            raise ValueError("the embedded rollout backend serves text-only policies")
+            raise ConfigurationError("the embedded rollout backend serves text-only policies")
         extra = {"global_steps": self.weights_version}
         if self._rejecting:
             return TokenOutput(token_ids=[], log_probs=None, stop_reason="aborted", extra_fields=extra)

@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from rllm.errors import ConfigurationError
+
 SPLIT_ESTIMATORS = ("rloo", "grpo")
 """Estimators that count a split rollout once: GRPO by verl itself, RLOO by ``rollout_advantages``."""
 TOKEN_WEIGHTED_LOSS = ("token-mean",)
@@ -45,19 +47,20 @@ def split_rollouts(keys: Sequence[str]) -> int:
 
 
 def check_split_rollouts(step: int, split: int, *, estimator: str, loss_agg_mode: str, kl_in_reward: bool) -> None:
-    """Refuse a step with split rollouts that the configuration would count more than once (``ValueError``)."""
+    """Refuse a step with split rollouts that the configuration would count more than once (``ConfigurationError``)."""
     if not split:
         return
     where = f"step {step}: {split} rollout(s) came back as several samples (a rewritten history)"
     if estimator not in SPLIT_ESTIMATORS:
-        raise ValueError(f"{where}, and algorithm.adv_estimator={estimator} counts each sample as a rollout; "
-                         f"use one of {', '.join(SPLIT_ESTIMATORS)}, or keep the agent's history append-only")
+        raise ConfigurationError(f"{where}, and algorithm.adv_estimator={estimator} counts each sample as a rollout; "
+                                 f"use one of {', '.join(SPLIT_ESTIMATORS)}, or keep the agent's history append-only")
     if loss_agg_mode not in TOKEN_WEIGHTED_LOSS:
-        raise ValueError(f"{where}, and actor_rollout_ref.actor.loss_agg_mode={loss_agg_mode} weighs every sample "
-                         "as a whole rollout; use token-mean, under which a split rollout weighs what it would unsplit")
+        raise ConfigurationError(f"{where}, and actor_rollout_ref.actor.loss_agg_mode={loss_agg_mode} weighs every "
+                                 "sample as a whole rollout; use token-mean, under which a split rollout weighs what "
+                                 "it would unsplit")
     if kl_in_reward:
-        raise ValueError(f"{where}, and algorithm.use_kl_in_reward=true makes each sample's reward its own; "
-                         "use the KL loss (actor_rollout_ref.actor.use_kl_loss) instead")
+        raise ConfigurationError(f"{where}, and algorithm.use_kl_in_reward=true makes each sample's reward its own; "
+                                 "use the KL loss (actor_rollout_ref.actor.use_kl_loss) instead")
 
 
 def rollout_advantages(keys: Sequence[str], uids: Sequence[Any], scores: Sequence[float]) -> list[float]:

@@ -2,11 +2,12 @@
 
 Each way training can go on looking healthy while learning nothing is measured on every step from the
 batch verl trained on, logged under ``rllm/guard/`` beside verl's metrics, and checked against the
-recipe's ``rllm.guards`` block (on by default; ``null`` turns one off; a guard that is on but cannot read
-what it checks stops the step): the log-prob gap between the rollout and the actor
-(``max_logprob_gap``, audited on ``logprob_audit_rollouts`` in verl's bypass mode), group integrity
-(always: a group is verl's ``uid`` and the row's own prompt, not every token of a system prompt a
-factory may vary), ``min_rollouts_per_group``, ``max_truncated_share``, ``max_context_overflow_share``,
+recipe's ``rllm.guards`` block (``GuardSettings``, read by ``rllm.training.verl.settings``; on by
+default; ``null`` turns one off; a guard that is on but cannot read what it checks stops the step):
+the log-prob gap between the rollout and the actor (``max_logprob_gap``, audited on
+``logprob_audit_rollouts`` in verl's bypass mode), group integrity (always: a group is verl's ``uid``
+and the row's own prompt, not every token of a system prompt a factory may vary),
+``min_rollouts_per_group``, ``max_truncated_share``, ``max_context_overflow_share``,
 ``max_steps_without_signal`` (with a warning at the first step without a learning signal, and
 ``check_run_end`` failing a run that never had one), ``max_steps_without_tool_calls`` (an agent with
 tools that never calls one: a parser that never matches the model's format; a warning at the first
@@ -18,7 +19,6 @@ faults that show each one stopping verl's trainer is in docs/training-verl.md.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 from collections import Counter, defaultdict
@@ -27,14 +27,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rllm.errors import TrainingGuardError
+from rllm.training.verl.settings import GuardSettings
 
 logger = logging.getLogger(__name__)
 
 GUARDED_MODE = "rllm_sync"
 """``trainer.v1.trainer_mode`` under which the guards run: verl's synchronous trainer with rllm's guards
 (``rllm.training.verl.trainer.runner.GuardedTrainer``); verl's own ``sync`` runs without them."""
-GUARDS_KEY = "rllm.guards"
-"""Where the recipe holds the guard settings (the fields of ``GuardSettings``)."""
 PREFIX = "rllm/guard/"
 """Prefix of the guard metrics in verl's logged metrics."""
 
@@ -45,50 +44,6 @@ minus ``entropy_coeff * entropy_loss`` plus ``kl_loss_coef * kl_loss``; the last
 _GRAD_NORM = "actor/grad_norm"
 """NaN stops; infinite does not: with fp16 on a GPU the grad scaler's early overflows give an infinite norm for an
 update it then skips."""
-
-
-@dataclass(frozen=True)
-class GuardSettings:
-    """Thresholds of the guards (``None`` turns one off); see the module docstring.
-
-    Attributes:
-        max_logprob_gap: Largest mean |rollout - actor| log-prob over sampled tokens.
-        logprob_audit_rollouts: With verl's bypass mode (no recomputed log-probs), the rollouts of each
-            step whose log-probs the actor recomputes for the gap (rounded up to the data-parallel size).
-        min_rollouts_per_group: Fewest rollouts a group (verl ``uid``) may have.
-        max_truncated_share: Largest share of responses cut at ``response_length``.
-        max_steps_without_signal: Steps in a row with a constant reward in every group before stopping.
-        max_context_overflow_share: Largest share of a step's rollouts that ended ``context_overflow``
-            (a history longer than the prompt length even after the conversation manager trimmed it).
-        max_steps_without_tool_calls: Steps in a row in which agents with tools called none before
-            stopping (the tool parser, ``multi_turn.format``, never matches what the model writes).
-        max_malformed_tool_call_share: Stop when at least this share of a step's tool calls were
-            malformed (1.0: every one of them).
-        warn_on_tool_collapse: Warn when tool calls per episode fall to zero after being above it.
-        served_weights: After every weight sync, compare what the rollout servers serve with the actor's
-            parameters (``rllm.training.verl.weights.served_weights``).
-    """
-
-    max_logprob_gap: float | None = 0.1
-    logprob_audit_rollouts: int = 16
-    min_rollouts_per_group: int | None = 2
-    max_truncated_share: float | None = 0.5
-    max_steps_without_signal: int | None = 3
-    max_context_overflow_share: float | None = 0.5
-    max_steps_without_tool_calls: int | None = 3
-    max_malformed_tool_call_share: float | None = 1.0
-    warn_on_tool_collapse: bool = True
-    served_weights: bool = True
-
-    @classmethod
-    def from_mapping(cls, values: dict[str, Any] | None) -> GuardSettings:
-        """Settings from the recipe's block; an unknown key is an error naming it."""
-        values = dict(values or {})
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown keys {[f'{GUARDS_KEY}.{k}' for k in unknown]}; the guards read {sorted(known)}")
-        return cls(**values)
 
 
 @dataclass(frozen=True)

@@ -29,13 +29,12 @@ from verl.trainer.main_ppo import TaskRunnerV1
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
-from rllm.errors import TrainingGuardError
+from rllm.errors import ConfigurationError, TrainingGuardError
+from rllm.training.verl.settings import read_settings
 from rllm.training.verl.trainer.advantage import check_split_rollouts, split_rollouts
 from rllm.training.verl.trainer.guards import (
     GUARDED_MODE,
-    GUARDS_KEY,
     PREFIX,
-    GuardSettings,
     StepRollouts,
     TrainingGuards,
     step_metrics,
@@ -68,9 +67,7 @@ class GuardedTrainer(PPOTrainerSync):
     def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
         with as_sync_mode(config):  # verl's trainer branches on its mode being "sync" while it initialises
             super().__init__(config, *args, **kwargs)
-        block = OmegaConf.select(self.config, GUARDS_KEY, default=None)
-        values = OmegaConf.to_container(block, resolve=True) if block is not None else {}
-        self._guards = TrainingGuards(GuardSettings.from_mapping(values))  # type: ignore[arg-type]
+        self._guards = TrainingGuards(read_settings(self.config).guards)
         self._served = ServedWeightsCheck()
         self._weight_metrics: dict[str, float] = {}
         self._logprobs: LogProbPairs | None = None
@@ -159,7 +156,7 @@ class GuardedTrainer(PPOTrainerSync):
             check_split_rollouts(self.global_steps, split, estimator=estimator,
                                  loss_agg_mode=str(self.config.actor_rollout_ref.actor.loss_agg_mode),
                                  kl_in_reward=bool(self.config.algorithm.use_kl_in_reward))
-        except ValueError as error:
+        except ConfigurationError as error:
             self._stop(TrainingGuardError(str(error), step=self.global_steps), metrics)
         batch = super()._compute_advantage(batch, metrics)
         if split and estimator == "rloo":  # verl runs RLOO over rows; GRPO it already counts per rollout

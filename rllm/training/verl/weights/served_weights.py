@@ -22,7 +22,7 @@ from typing import Any
 import ray
 import torch
 
-from rllm.errors import TrainingGuardError
+from rllm.errors import ConfigurationError, TrainingGuardError
 from rllm.training.verl.embedded import BACKEND_NAME, server_name, serving_dtype
 from rllm.training.verl.verl_internals import actor_module, call_on_actor, rollout_replicas
 from rllm.training.verl.weights.engine_weights import ServedWeights, sglang_served_weights, vllm_served_weights
@@ -80,8 +80,8 @@ def served_weights(rollout_name: str, trainer: Any) -> list[ServedWeights]:
         return vllm_served_weights([list(replica.servers) for replica in replicas])
     if rollout_name == "sglang":
         return sglang_served_weights([replica.server_address for replica in replicas])
-    raise ValueError(f"actor_rollout_ref.rollout.name={rollout_name}: rllm reads the served weights of {READERS} "
-                     "only; set rllm.guards.served_weights=false to train without the check")
+    raise ConfigurationError(f"actor_rollout_ref.rollout.name={rollout_name}: rllm reads the served weights of "
+                             f"{READERS} only; set rllm.guards.served_weights=false to train without the check")
 
 
 class ServedWeightsCheck:

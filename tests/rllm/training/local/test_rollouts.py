@@ -84,13 +84,13 @@ async def test_a_factorys_rollout_split_into_samples_is_refused_with_where_to_tr
                      conversation_manager=SlidingWindowConversationManager(window_size=2, per_turn=True))
 
     engine = ScriptedTokenEngine(FAMILIES["qwen3"].tokenizer(), lambda p: "\\boxed{7}" if len(p) > 900 else CALL)
-    with pytest.raises(ValueError, match="train it with verl's trainer"):
+    with pytest.raises(ConfigurationError, match="train it with verl's trainer"):
         await run_rollouts(engine, [RolloutRequest("What does alpha hold?", "g0", {})], agent_factory=factory,
                            budget=Budget(max_model_turns=6), response_length=1024)
 
 
 async def test_the_local_rollouts_take_tools_or_a_factory_not_both() -> None:
-    with pytest.raises(TypeError, match="either tools"):
+    with pytest.raises(ConfigurationError, match="either tools"):
         await run_rollouts(ScriptedTokenEngine(FAMILIES["qwen3"].tokenizer(), _policy), [], tools=[lookup],
                            agent_factory=lambda model, task: None, budget=Budget(), response_length=8)
 

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from rllm.agents.lookup import LOOKUP_BUDGET, LOOKUP_SYSTEM_PROMPT, LookupWorld, demonstration_script, lookup_tools
+from rllm.errors import ConfigurationError
 from rllm.offline.chat_templates import load_chat_template
 from rllm.offline.qwen_tokenizer import QwenVocab, build_qwen_tokenizer
 from rllm.offline.scripted_tokens import MessageScriptedEngine
@@ -104,5 +105,5 @@ def test_rows_without_sampled_tokens_are_refused(tokenizer) -> None:
     model = build_tiny_qwen3(tokenizer, seed=0, hidden_size=64, num_layers=2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     row = {"prompt_ids": [1, 2, 3], "response_ids": [4, 5], "response_mask": [0, 0]}
-    with pytest.raises(ValueError, match="no sampled tokens"):
+    with pytest.raises(ConfigurationError, match="no sampled tokens"):
         supervised_step(model, optimizer, [row])

@@ -12,6 +12,7 @@ from verl.protocol import DataProto  # noqa: E402
 from verl.trainer.ppo.core_algos import compute_rloo_outcome_advantage  # noqa: E402
 from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories  # noqa: E402
 
+from rllm.errors import ConfigurationError  # noqa: E402
 from rllm.training.verl.trainer.advantage import (  # noqa: E402
     check_split_rollouts,
     role_advantages,
@@ -79,7 +80,7 @@ def test_under_token_mean_a_split_rollout_weighs_what_the_same_rollout_unsplit_w
     ("rloo", "token-mean", True, "use_kl_in_reward=true"),
 ])
 def test_a_configuration_that_would_count_a_split_rollout_more_than_once_is_refused(estimator, loss, kl, named) -> None:
-    with pytest.raises(ValueError, match=named):
+    with pytest.raises(ConfigurationError, match=named):
         check_split_rollouts(4, 2, estimator=estimator, loss_agg_mode=loss, kl_in_reward=kl)
     check_split_rollouts(4, 0, estimator=estimator, loss_agg_mode=loss, kl_in_reward=kl)  # nothing split: fine
     check_split_rollouts(4, 2, estimator="grpo", loss_agg_mode="token-mean", kl_in_reward=False)

@@ -357,7 +357,7 @@ async def test_rows_without_logprobs_and_verl_tools_are_handled_explicitly(token
     (output,) = await loop.run({**SAMPLING, "logprobs": False}, **row())
     assert output.response_logprobs is None and output.response_mask == [1] * len(output.response_ids)
 
-    with pytest.raises(ValueError, match="tool_config_path"):
+    with pytest.raises(ConfigurationError, match="tool_config_path"):
         StrandsAgentLoop(
             trainer_config=DictConfigWrap(loop.config), server_manager=server, tokenizer=tokenizer, processor=None,
             dataset_cls=RLHFDataset, data_config=DictConfigWrap(loop.config.data), tools=ToolListWrap([object()]),

@@ -105,6 +105,7 @@ def test_verls_grad_scaler_is_off_on_cpu_and_steps_into_a_nan_gradient() -> None
 def test_the_cpu_launch_refuses_fp16_with_its_reason_and_accepts_bf16(monkeypatch, tmp_path) -> None:
     from fixtures.hotpotqa_rows import write_hotpotqa_rows
 
+    from rllm.errors import ConfigurationError
     from rllm.training.verl.cpu import CPU_OVERRIDES
     from rllm.training.verl.train import CONFIG_DIR, CONFIG_NAME, check_launch, prepare_config
 
@@ -118,10 +119,10 @@ def test_the_cpu_launch_refuses_fp16_with_its_reason_and_accepts_bf16(monkeypatc
     for fp16 in ("actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp16",
                  "actor_rollout_ref.rollout.dtype=float16"):
         key = fp16.split("=")[0]
-        with pytest.raises(ValueError, match=rf"^{key}=(fp16|float16): fp16 half precision does not train on CPU: "
-                                             r"CPU autocast, unlike CUDA's, leaves softmax and sum in fp16, .* "
-                                             r"overflows to inf, and verl's ShardedGradScaler turns itself off "
-                                             r"without CUDA"):
+        with pytest.raises(ConfigurationError, match=rf"^{key}=(fp16|float16): fp16 half precision does not train "
+                                                     r"on CPU: CPU autocast, unlike CUDA's, leaves softmax and sum in "
+                                                     r"fp16, .* overflows to inf, and verl's ShardedGradScaler turns "
+                                                     r"itself off without CUDA"):
             launch(fp16)
     launch("actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16",
            "actor_rollout_ref.rollout.dtype=bfloat16")

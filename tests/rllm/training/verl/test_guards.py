@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from rllm.errors import TrainingGuardError
+from rllm.errors import ConfigurationError, TrainingGuardError
 from rllm.training.verl.trainer.guards import (
     PREFIX,
     GuardSettings,
@@ -154,7 +154,7 @@ def test_guards_can_be_turned_off_and_unknown_settings_are_refused() -> None:
     TrainingGuards(GuardSettings.from_mapping(ONLY)).check(
         1, {**_step([0.0], groups=["a"], truncated=[True], rollout_logprobs=[[0.0]], actor_logprobs=[[-9.0]]),
             "actor/loss": 0.0})
-    with pytest.raises(ValueError, match=r"rllm\.guards\.max_gap"):
+    with pytest.raises(ConfigurationError, match=r"rllm\.guards\.max_gap"):
         GuardSettings.from_mapping({"max_gap": 1})
 
 

@@ -299,5 +299,5 @@ def test_the_manager_reads_its_share_and_refuses_the_async_trainers(tokenizer, m
     assert StrandsAgentLoopManager(config, llm_client=None).max_infra_failure_share is None
     with read_write(config):
         config.trainer.v1.trainer_mode = "separate_async"
-    with pytest.raises(ValueError, match="only suits the synchronous trainer .*got 'separate_async'"):
+    with pytest.raises(ConfigurationError, match="only suits the synchronous trainer .*got 'separate_async'"):
         StrandsAgentLoopManager(config, llm_client=None)

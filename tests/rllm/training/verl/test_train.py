@@ -26,6 +26,7 @@ from verl.protocol import DataProto  # noqa: E402
 from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories  # noqa: E402
 from verl.utils.config import omega_conf_to_dataclass  # noqa: E402
 
+from rllm.errors import ConfigurationError  # noqa: E402
 from rllm.training.verl.train import CONFIG_DIR, CONFIG_NAME, prepare_config, validate  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[4]
@@ -38,29 +39,29 @@ ADDED_KEYS = {
     "actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype": "FSDP engine _build_fsdp_module",
     "reward.custom_reward_function.reward_kwargs.scorer": "rllm.training.verl.reward.compute_score",
     "reward.custom_reward_function.reward_kwargs.partial_credit": "rllm.agents.search.score_search_answer",
-    "rllm.guards.max_logprob_gap": "rllm.training.verl.trainer.guards.GuardSettings (GuardedTaskRunner)",
+    "rllm.guards.max_logprob_gap": "rllm.training.verl.settings.GuardSettings (GuardedTaskRunner)",
     "rllm.guards.logprob_audit_rollouts": "rllm.training.verl.trainer.runner audit_logprob_pairs (bypass mode)",
-    "rllm.guards.min_rollouts_per_group": "rllm.training.verl.trainer.guards.GuardSettings, check_launch",
-    "rllm.guards.max_truncated_share": "rllm.training.verl.trainer.guards.GuardSettings",
-    "rllm.guards.max_steps_without_signal": "rllm.training.verl.trainer.guards.GuardSettings",
-    "rllm.guards.max_context_overflow_share": "rllm.training.verl.trainer.guards.GuardSettings",
-    "rllm.guards.max_steps_without_tool_calls": "rllm.training.verl.trainer.guards.GuardSettings",
-    "rllm.guards.max_malformed_tool_call_share": "rllm.training.verl.trainer.guards.GuardSettings",
-    "rllm.guards.warn_on_tool_collapse": "rllm.training.verl.trainer.guards.GuardSettings",
-    "rllm.guards.served_weights": "rllm.training.verl.trainer.guards.GuardSettings, runner, check_launch",
+    "rllm.guards.min_rollouts_per_group": "rllm.training.verl.settings.GuardSettings, check_launch",
+    "rllm.guards.max_truncated_share": "rllm.training.verl.settings.GuardSettings",
+    "rllm.guards.max_steps_without_signal": "rllm.training.verl.settings.GuardSettings",
+    "rllm.guards.max_context_overflow_share": "rllm.training.verl.settings.GuardSettings",
+    "rllm.guards.max_steps_without_tool_calls": "rllm.training.verl.settings.GuardSettings",
+    "rllm.guards.max_malformed_tool_call_share": "rllm.training.verl.settings.GuardSettings",
+    "rllm.guards.warn_on_tool_collapse": "rllm.training.verl.settings.GuardSettings",
+    "rllm.guards.served_weights": "rllm.training.verl.settings.GuardSettings, runner, check_launch",
     "ray_kwargs.ray_init.runtime_env.env_vars.VLLM_ALLOW_INSECURE_SERIALIZATION":
         "vLLM's workers (collective_rpc of rllm.training.verl.weights.engine_weights), check_launch",
     "rllm.max_infra_failure_share": "rllm.training.verl.manager.StrandsAgentLoopManager",
-    "rllm.agent_loop.tool_factory": "rllm.training.verl.agent_loop.loop_settings",
-    "rllm.agent_loop.agent_factory": "rllm.training.verl.agent_loop.loop_settings",
-    "rllm.agent_loop.tool_kwargs.retrieval_url": "rllm.training.verl.agent_loop.loop_settings",
-    "rllm.agent_loop.system_prompt": "rllm.training.verl.agent_loop.loop_settings",
-    "rllm.agent_loop.budget": "rllm.training.verl.agent_loop.loop_settings",
-    "rllm.agent_loop.timeout_s": "rllm.training.verl.agent_loop.loop_settings",
-    "rllm.agent_loop.infra_exceptions": "rllm.training.verl.agent_loop.loop_settings",
-    "rllm.agent_loop.max_tokens_per_turn": "rllm.training.verl.agent_loop.loop_settings",
-    "rllm.agent_loop.own_client": "rllm.training.verl.agent_loop.loop_settings",
-    "rllm.reward_fn": "rllm.training.verl.agent_loop.loop_settings (StrandsAgentLoop scores with it), preflight",
+    "rllm.agent_loop.tool_factory": "rllm.training.verl.settings.loop_settings",
+    "rllm.agent_loop.agent_factory": "rllm.training.verl.settings.loop_settings",
+    "rllm.agent_loop.tool_kwargs.retrieval_url": "rllm.training.verl.settings.loop_settings",
+    "rllm.agent_loop.system_prompt": "rllm.training.verl.settings.loop_settings",
+    "rllm.agent_loop.budget": "rllm.training.verl.settings.loop_settings",
+    "rllm.agent_loop.timeout_s": "rllm.training.verl.settings.loop_settings",
+    "rllm.agent_loop.infra_exceptions": "rllm.training.verl.settings.loop_settings",
+    "rllm.agent_loop.max_tokens_per_turn": "rllm.training.verl.settings.loop_settings",
+    "rllm.agent_loop.own_client": "rllm.training.verl.settings.loop_settings",
+    "rllm.reward_fn": "rllm.training.verl.settings.loop_settings (StrandsAgentLoop scores with it), preflight",
     "actor_rollout_ref.rollout.agent.agent_loop_manager_class": "verl.trainer.main_ppo TaskRunnerV1 (RolloutConfig)",
     "data.apply_chat_template_kwargs.enable_thinking": "chat template (RLHFDataset, StrandsAgentLoop)",
 }
@@ -225,7 +226,7 @@ def test_the_retrieval_token_is_in_neither_the_config_verl_prints_nor_rays_runti
     validate(config)
     assert "sekrit-123" not in OmegaConf.to_yaml(config, resolve=True)  # what verl prints, tracks and builds
     leaked = prepare_config(compose("+ray_kwargs.ray_init.runtime_env.env_vars.RETRIEVAL_TOKEN=sekrit-123"))
-    with pytest.raises(ValueError, match="would print the secret"):
+    with pytest.raises(ConfigurationError, match="would print the secret"):
         validate(leaked)
 
 
@@ -283,7 +284,7 @@ def test_launcher_dry_run_never_prints_the_token() -> None:
 def test_what_would_not_be_real_training_is_refused_at_launch(override: str, message: str) -> None:
     from rllm.training.verl.train import check_launch
 
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ConfigurationError, match=message):
         check_launch(prepare_config(compose(*override.split())))
 
 
@@ -304,7 +305,7 @@ def test_the_cpu_mode_refuses_half_precision_at_launch(monkeypatch) -> None:
     check_launch(prepare_config(compose(*CPU_OVERRIDES)))
     for half in ("actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp16",
                  "actor_rollout_ref.rollout.dtype=float16"):
-        with pytest.raises(ValueError, match="half precision does not train on CPU"):
+        with pytest.raises(ConfigurationError, match="half precision does not train on CPU"):
             check_launch(prepare_config(compose(*CPU_OVERRIDES, half)))
     monkeypatch.delenv("RLLM_VERL_CPU")
     check_launch(prepare_config(compose()))  # the recipe's own fp16 stands on a GPU
@@ -365,15 +366,14 @@ def test_the_loop_reads_its_settings_from_the_recipe_and_evaluations_budget(monk
     ("+rllm.agent_loop.max_turns=4", r"unknown keys \['rllm.agent_loop.max_turns'\]"),
     ("rllm.agent_loop.tool_factory=null", "set either tool_factory"),
     ("rllm.agent_loop.agent_factory=fixtures.verl_loop:windowed_agent", "exactly one"),
-    ("rllm.agent_loop.budget={max_turns:4}", r"budget: unknown keys \['max_turns'\]"),
+    ("rllm.agent_loop.budget={max_turns:4}", r"budget=\{'max_turns': 4\}: unknown keys \['max_turns'\]"),
     ("rllm.agent_loop.own_client=true", "own_client: true serves an agent_factory's agent on its own client"),
-    ("rllm.agent_loop.own_client=yes", "own_client must be true or false, got 'yes'"),
+    ("rllm.agent_loop.own_client=yes", "own_client='yes': expected true or false"),
 ], ids=["tool_response_length", "user_turns", "parallel_calls", "inference_template", "format", "unknown_key",
         "no_factory", "both_factories", "budget_key", "own_client_without_factory", "own_client_not_a_bool"])
 def test_settings_the_loop_would_ignore_are_refused_at_launch(override: str, message: str) -> None:
-    config = prepare_config(compose(override))
-    with pytest.raises(ValueError, match=message):
-        validate(config)  # the launcher's check, before Ray starts
+    with pytest.raises(ConfigurationError, match=message):
+        validate(prepare_config(compose(override)))  # the launcher's checks, before Ray starts
 
 
 def test_settings_in_the_agent_loop_yaml_entry_are_refused(tmp_path) -> None:
@@ -382,7 +382,7 @@ def test_settings_in_the_agent_loop_yaml_entry_are_refused(tmp_path) -> None:
     from rllm.training.verl.agent_loop import StrandsAgentLoop
 
     config = prepare_config(compose())
-    with pytest.raises(TypeError, match=r"\['max_model_turns', 'tool_factory'\].*rllm.agent_loop"):
+    with pytest.raises(ConfigurationError, match=r"\['max_model_turns', 'tool_factory'\].*rllm.agent_loop"):
         StrandsAgentLoop(trainer_config=DictConfigWrap(config), server_manager=None, tokenizer=None, processor=None,
                          dataset_cls=None, data_config=DictConfigWrap(config.data), tool_factory="x:y",
                          max_model_turns=3)
@@ -395,8 +395,10 @@ def test_the_recipes_and_the_launch_script_are_package_data() -> None:
     from rllm.training.verl.train import CONFIG_DIR
 
     pyproject = (REPO / "pyproject.toml").read_text()
-    assert '"rllm.training.verl" = ["config/*.yaml"]' in pyproject and '"rag" = ["launch_rag.sh"]' in pyproject
+    assert '"rllm.training.verl" = ["config/*.yaml", "config/overlay/*.yaml"]' in pyproject
+    assert '"rag" = ["launch_rag.sh"]' in pyproject
     assert CONFIG_DIR == Path(str(importlib.resources.files("rllm.training.verl") / "config"))
     assert {p.name for p in CONFIG_DIR.glob("*.yaml")} == {"agent_loops.yaml", f"{CONFIG_NAME}.yaml", "lookup_rloo.yaml",
                                                           "strands_base.yaml", "strands_agent_rloo.yaml"}
+    assert {p.name for p in (CONFIG_DIR / "overlay").glob("*.yaml")} == {"cpu.yaml", "smoke.yaml"}
     assert (importlib.resources.files("rag") / "launch_rag.sh").is_file()
