@@ -53,6 +53,7 @@ CPU_OVERRIDES = [
     "trainer.nnodes=1",
     "++ray_kwargs.ray_init.num_cpus=16",
     "++ray_kwargs.ray_init.num_gpus=1",
+    "++ray_kwargs.ray_init.include_dashboard=false",
     "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
     "++actor_rollout_ref.model.override_config.attn_implementation=sdpa",
     "actor_rollout_ref.actor.strategy=fsdp2",
@@ -75,7 +76,9 @@ than packed micro-batches (``use_remove_padding``: packed rows share one attenti
 ``sdpa``, whose cost grows with the square of the whole micro-batch's length); and verl's fused
 output layer (``use_fused_kernels``, its pure-torch backend), which computes each position's log-prob
 from the hidden state in chunks instead of materialising the logits of every prompt and response
-position (the log-probs are the same: the gap guard measures them)."""
+position (the log-probs are the same: the gap guard measures them). And no Ray dashboard: its head's modules are
+about ten more processes that nothing in a CPU run reads, 4-6 CPU-seconds of a run on a 2-core machine
+(``++ray_kwargs.ray_init.include_dashboard=true`` brings it back)."""
 
 
 def cpu_mode() -> bool:
