@@ -33,14 +33,46 @@ def serve() -> Iterator[Any]:
         server.stop()
 
 
+def _verl_runs(item: pytest.Item) -> int:
+    """The real verl runs a module starts, as its ``slow`` marker says (``pytest.mark.slow(verl_runs=4)``)."""
+    marker = item.get_closest_marker("slow")
+    return int(marker.kwargs.get("verl_runs", 0)) if marker is not None else 0
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Modules marked ``slow`` (a real verl trainer, a venv to build) first.
+    """The modules with the most real verl runs first, then the other ``slow`` modules, then the rest.
 
     Under ``pytest -n N --dist loadfile --no-loadscope-reorder`` (the README's test command) each module runs on
     one worker, sharing its module-scoped fixtures, in this order (xdist would otherwise put the modules with the
-    most tests first), so the long modules start first and the short ones fill the other workers.
+    most tests first): the longest start first, each on a worker of its own (``pytest_xdist_make_scheduler``),
+    and the short ones fill the other workers and the end.
     """
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    items.sort(key=lambda item: (-_verl_runs(item), item.get_closest_marker("slow") is None))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile`` that gives a worker its next module only once it waits for one.
+
+    xdist's own gives a worker the next module while two of its tests are still to run, so a worker that has
+    just started a module of two verl runs is handed a second one at once and runs four while another worker
+    finishes early. A worker runs a test only once it knows the next (its teardown depends on it), so it waits
+    on its last test until more arrive: this scheduler sends the next module then, one test ahead.
+    """
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class _OneModuleAhead(LoadFileScheduling):  # type: ignore[misc]
+        def _reschedule(self, node: Any) -> None:
+            if node.shutting_down:
+                return
+            if not self.workqueue:
+                node.shutdown()
+            elif self._pending_of(self.assigned_work[node]) <= 1:
+                self._assign_work_unit(node)
+
+    return _OneModuleAhead(config, log)
 
 
 BWRAP_SKIP_REASON = "no bubblewrap sandbox on this machine"

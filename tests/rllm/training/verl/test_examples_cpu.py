@@ -56,7 +56,7 @@ from rllm.testing.tiny_models import build_tiny_qwen3  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[4]
 TESTS = REPO / "tests"
-pytestmark = [pytest.mark.timeout(1200), pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(1200), pytest.mark.slow(verl_runs=2)]
 
 OVERRIDES = [
     "data.train_batch_size=2", "data.max_prompt_length=1024", "data.max_response_length=2048",

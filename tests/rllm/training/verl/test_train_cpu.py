@@ -35,7 +35,7 @@ from rllm.data.hotpotqa import load_hotpotqa
 from rllm.data.verl_rows import write_parquet
 
 REPO = Path(__file__).resolve().parents[4]
-pytestmark = [pytest.mark.timeout(1500), pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(1500), pytest.mark.slow(verl_runs=1)]
 
 STEPS = 2
 OVERRIDES = [
