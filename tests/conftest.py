@@ -1,4 +1,5 @@
-"""Shared fixtures (scripted OpenAI-compatible servers on 127.0.0.1) and the test summary's note on what was skipped."""
+"""Shared fixtures (scripted OpenAI-compatible servers on 127.0.0.1), the order the slow modules run in, and the test
+summary's note on what was skipped."""
 
 from __future__ import annotations
 
@@ -14,6 +15,11 @@ os.environ.setdefault("OTEL_SDK_DISABLED", "true")
 # torch's per-process thread pools only contend: on the 2-core machine the suite's tests took 682 s with one
 # thread against 762 s with the default of one per core. The verl CPU mode passes the setting on to its workers.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# No Ray workers started ahead of need: a verl run's first driver had Ray start two that no actor ever used, each
+# importing Ray (about 4 of a run's 150 CPU-seconds on the 2-core machine). Every Ray cluster a test starts reads
+# these from the environment it inherits.
+os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
+os.environ.setdefault("RAY_enable_worker_prestart", "0")
 
 from rllm.testing.scripted_server import ScriptedOpenAIServer  # noqa: E402
 
