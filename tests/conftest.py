@@ -1,4 +1,5 @@
-"""Shared fixtures (scripted OpenAI-compatible servers on 127.0.0.1) and the test summary's note on what was skipped."""
+"""Shared fixtures (scripted OpenAI-compatible servers on 127.0.0.1), the order the slow modules run in, and the test
+summary's note on what was skipped."""
 
 from __future__ import annotations
 
@@ -14,6 +15,11 @@ os.environ.setdefault("OTEL_SDK_DISABLED", "true")
 # torch's per-process thread pools only contend: on the 2-core machine the suite's tests took 682 s with one
 # thread against 762 s with the default of one per core. The verl CPU mode passes the setting on to its workers.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# No Ray workers started ahead of need: a verl run's first driver had Ray start two that no actor ever used, each
+# importing Ray (about 4 of a run's 150 CPU-seconds on the 2-core machine). Every Ray cluster a test starts reads
+# these from the environment it inherits.
+os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
+os.environ.setdefault("RAY_enable_worker_prestart", "0")
 
 from rllm.offline.scripted_server import ScriptedOpenAIServer  # noqa: E402
 
@@ -33,14 +39,46 @@ def serve() -> Iterator[Any]:
         server.stop()
 
 
+def _verl_runs(item: pytest.Item) -> int:
+    """The real verl runs a module starts, as its ``slow`` marker says (``pytest.mark.slow(verl_runs=4)``)."""
+    marker = item.get_closest_marker("slow")
+    return int(marker.kwargs.get("verl_runs", 0)) if marker is not None else 0
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Modules marked ``slow`` (a real verl trainer, a venv to build) first.
+    """The modules with the most real verl runs first, then the other ``slow`` modules, then the rest.
 
     Under ``pytest -n N --dist loadfile --no-loadscope-reorder`` (the README's test command) each module runs on
     one worker, sharing its module-scoped fixtures, in this order (xdist would otherwise put the modules with the
-    most tests first), so the long modules start first and the short ones fill the other workers.
+    most tests first): the longest start first, each on a worker of its own (``pytest_xdist_make_scheduler``),
+    and the short ones fill the other workers and the end.
     """
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    items.sort(key=lambda item: (-_verl_runs(item), item.get_closest_marker("slow") is None))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile`` that gives a worker its next module only once it waits for one.
+
+    xdist's own gives a worker the next module while two of its tests are still to run, so a worker that has
+    just started a module of two verl runs is handed a second one at once and runs four while another worker
+    finishes early. A worker runs a test only once it knows the next (its teardown depends on it), so it waits
+    on its last test until more arrive: this scheduler sends the next module then, one test ahead.
+    """
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class _OneModuleAhead(LoadFileScheduling):  # type: ignore[misc]
+        def _reschedule(self, node: Any) -> None:
+            if node.shutting_down:
+                return
+            if not self.workqueue:
+                node.shutdown()
+            elif self._pending_of(self.assigned_work[node]) <= 1:
+                self._assign_work_unit(node)
+
+    return _OneModuleAhead(config, log)
 
 
 BWRAP_SKIP_REASON = "no bubblewrap sandbox on this machine"

@@ -22,7 +22,7 @@ os.environ.setdefault("OTEL_SDK_DISABLED", "true")
 
 from rllm.types import Episode  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow(verl_runs=1)
 
 ROOT = Path(__file__).resolve().parents[3]
 TINY = {"hidden_size": 64, "num_layers": 2, "world_size": 120, "held_out": 4, "eval_samples": 1, "demonstrations": 16,

@@ -28,7 +28,7 @@ pytest.importorskip("verl", reason="AgentTrainer runs verl's trainer (the train 
 
 REPO = Path(__file__).resolve().parents[3]
 PAGE = REPO / "docs" / "train-your-own-agent.md"
-pytestmark = [pytest.mark.timeout(1200), pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(1200), pytest.mark.slow(verl_runs=2)]
 
 
 def _python_blocks() -> list[str]:

@@ -43,7 +43,8 @@ import pytest
 os.environ.setdefault("OTEL_SDK_DISABLED", "true")
 pytest.importorskip("verl", reason="verl is not installed: the examples' runs need the train extra")
 
-from rag.build_index import build_demo_index  # noqa: E402
+from fixtures.shared_index import whole_passage_index  # noqa: E402
+
 from rag.server import ServerSettings  # noqa: E402
 from rag.testing import RetrievalServer  # noqa: E402
 from rllm.agents.search import search_verl_rows  # noqa: E402
@@ -55,7 +56,7 @@ from rllm.offline.tiny_models import build_tiny_qwen3  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[4]
 TESTS = REPO / "tests"
-pytestmark = [pytest.mark.timeout(1200), pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(1200), pytest.mark.slow(verl_runs=2)]
 
 OVERRIDES = [
     "data.train_batch_size=2", "data.max_prompt_length=1024", "data.max_response_length=2048",
@@ -96,9 +97,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Any:
     write_parquet(search_verl_rows(tasks[2:4], "validation"), root / "data" / "validation.parquet")
     tokenizer = build_qwen_tokenizer(load_chat_template("qwen3"), QwenVocab.QWEN_FIRST_8K)
     build_tiny_qwen3(tokenizer, root / "model", seed=0, hidden_size=64, num_layers=2)
-    build_demo_index(root / "index", limit=200, progress=False)
     token = "tok-" + secrets.token_hex(8)
-    with RetrievalServer(root / "index", ServerSettings(token=token)) as server:
+    with RetrievalServer(whole_passage_index(tmp_path_factory), ServerSettings(token=token)) as server:
         yield root, server.base_url, token
 
 

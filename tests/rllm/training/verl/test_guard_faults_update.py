@@ -17,7 +17,7 @@ os.environ.setdefault("OTEL_SDK_DISABLED", "true")
 
 from fixtures.verl_fault_runs import train  # noqa: E402 - skips this module without the train extra
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow(verl_runs=2)
 
 
 @pytest.mark.timeout(900)

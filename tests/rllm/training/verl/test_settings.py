@@ -194,6 +194,7 @@ BEFORE_CPU = [
     "trainer.nnodes=1",
     "++ray_kwargs.ray_init.num_cpus=16",
     "++ray_kwargs.ray_init.num_gpus=1",
+    "++ray_kwargs.ray_init.include_dashboard=false",
     "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
     "++actor_rollout_ref.model.override_config.attn_implementation=sdpa",
     "actor_rollout_ref.actor.strategy=fsdp2",

@@ -28,7 +28,6 @@ from typing import Any
 import httpx
 import pytest
 
-from rag.build_index import build_demo_index
 from rag.server import ServerSettings
 from rag.testing import RetrievalServer
 from rllm.agents.search import search_verl_rows
@@ -36,7 +35,7 @@ from rllm.data.hotpotqa import load_hotpotqa
 from rllm.data.verl_rows import write_parquet
 
 REPO = Path(__file__).resolve().parents[4]
-pytestmark = [pytest.mark.timeout(1500), pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(1500), pytest.mark.slow(verl_runs=1)]
 
 STEPS = 2
 OVERRIDES = [
@@ -82,6 +81,7 @@ def _searches(server: RetrievalServer, token: str) -> int:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     from fixtures.search_policy import warm_started_search_policy, yes_no_tasks
+    from fixtures.shared_index import whole_passage_index
 
     root = tmp_path_factory.mktemp("verl-cpu")
     token = "tok-" + secrets.token_hex(12)
@@ -90,8 +90,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     tasks, held_out = questions[:2], questions[2:4]  # a yes and a no question to train on
     write_parquet(search_verl_rows(tasks, "train"), data / "train.parquet")
     write_parquet(search_verl_rows(held_out, "validation"), data / "validation.parquet")
-    build_demo_index(root / "index", limit=200, progress=False)
-    with RetrievalServer(root / "index", ServerSettings(token=token)) as server:
+    with RetrievalServer(whole_passage_index(tmp_path_factory), ServerSettings(token=token)) as server:
         policy = warm_started_search_policy(root / "policy", tasks, retrieval_url=server.base_url, token=token)
         before = _searches(server, token)
         work = root / "work"
