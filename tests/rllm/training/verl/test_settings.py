@@ -264,7 +264,7 @@ def _leaves(node: Any, prefix: str = "") -> list[str]:
 @pytest.mark.parametrize("overlay", ["cpu", "smoke"])
 def test_every_key_an_overlay_sets_is_one_the_recipes_have_or_one_it_adds_on_purpose(overlay: str) -> None:
     """An overlay merges what it holds, typo or not: each key must be the recipe's (verl's), or a known addition."""
-    added = {"ray_kwargs.ray_init.num_cpus", "ray_kwargs.ray_init.num_gpus",
+    added = {"ray_kwargs.ray_init.num_cpus", "ray_kwargs.ray_init.num_gpus", "ray_kwargs.ray_init.include_dashboard",
              "actor_rollout_ref.model.override_config.attn_implementation"}  # the old list's ++ overrides
     keys = _leaves(yaml.safe_load((CONFIG_DIR / "overlay" / f"{overlay}.yaml").read_text()))
     for name in RECIPES:
