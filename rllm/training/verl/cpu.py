@@ -77,7 +77,7 @@ than packed micro-batches (``use_remove_padding``: packed rows share one attenti
 output layer (``use_fused_kernels``, its pure-torch backend), which computes each position's log-prob
 from the hidden state in chunks instead of materialising the logits of every prompt and response
 position (the log-probs are the same: the gap guard measures them). And no Ray dashboard: its head's modules are
-about ten more processes that nothing in a CPU run reads, 4-6 CPU-seconds of a run on a 2-core machine
+about ten more processes that nothing in a CPU run reads, about 10 CPU-seconds of a run on a 2-core machine
 (``++ray_kwargs.ray_init.include_dashboard=true`` brings it back)."""
 
 
