@@ -16,8 +16,8 @@ os.environ.setdefault("OTEL_SDK_DISABLED", "true")
 # thread against 762 s with the default of one per core. The verl CPU mode passes the setting on to its workers.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # No Ray workers started ahead of need: a verl run's first driver had Ray start two that no actor ever used, each
-# importing Ray (about 4 of a run's 150 CPU-seconds on the 2-core machine). Every Ray cluster a test starts reads
-# these from the environment it inherits.
+# importing Ray (about 5 of a run's 150-170 CPU-seconds on the 2-core machine). Every Ray cluster a test starts
+# reads these from the environment it inherits.
 os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
 os.environ.setdefault("RAY_enable_worker_prestart", "0")
 
