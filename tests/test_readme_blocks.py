@@ -74,6 +74,7 @@ NOT_RUN_COMMANDS: dict[str, str] = {
     "python3 -m venv": "creates a venv and installs packages from the network; .ci/run runs the set-up line itself",
     "pip install": "installs packages from the network",
     ".venv/bin/pip install": "installs packages from the network",
+    ".venv/bin/uv pip install": "installs packages from the network",
     ".venv/bin/ruff": "the CI command itself (.ci/run runs it)",
     ".venv/bin/mypy": "the CI command itself (.ci/run runs it)",
     ".venv/bin/python -m pytest": "the CI command itself (.ci/run runs it)",
