@@ -28,8 +28,8 @@ from typing import Any
 
 import openai
 
-from rllm.tracing import Backend, ProxyConfig, ProxyProcess, TraceStore, get_chat_client, get_chat_client_async, session
 from rllm.offline.scripted_server import ScriptedOpenAIServer, ScriptedReply, ToyChatTokens
+from rllm.tracing import Backend, ProxyConfig, ProxyProcess, TraceStore, get_chat_client, get_chat_client_async, session
 
 MESSAGES = [{"role": "system", "content": "You are a search agent. " * 20},
             {"role": "user", "content": "Which city hosted the first modern Olympic Games?"}]

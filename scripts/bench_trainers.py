@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from rllm.proofs.local_trainer import ProofConfig
-from rllm.training.local.rloo import LocalRLOOTrainer, default_actor_config
 from rllm.proofs.verl_trainer import prepare_verl_proof, run_verl_trainer, verl_overrides
+from rllm.training.local.rloo import LocalRLOOTrainer, default_actor_config
 
 logger = logging.getLogger("bench_trainers")
 

@@ -29,8 +29,8 @@ from strands import Agent
 from strands.multiagent import GraphBuilder
 
 from rllm.agents.lookup import LOOKUP_SYSTEM_PROMPT, lookup_reward, lookup_task_rows
-from rllm.proofs.quickstart import quickstart_config
 from rllm.proofs.local_trainer import LearningProof
+from rllm.proofs.quickstart import quickstart_config
 from rllm.training.verl.trainer.advantage import role_advantages, rollout_advantages
 from rllm.workflows import AgentWorkflowEngine, StrandsWorkflow
 

@@ -20,8 +20,8 @@ from typing import Any
 
 from rllm.engine.rollout import OpenAIEngine
 from rllm.integrations.strands import Budget, RLLMModel, StrandsAgent
-from rllm.secret_options import add_secret_argument
 from rllm.offline.scripted_server import ScriptedOpenAIServer, ScriptedReply, ScriptedToolCall
+from rllm.secret_options import add_secret_argument
 from rllm.tools import calculator
 from rllm.types import Episode
 

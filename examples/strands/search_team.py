@@ -18,8 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from strands import Agent
-from strands.multiagent import GraphBuilder
-from strands.multiagent import Swarm
+from strands.multiagent import GraphBuilder, Swarm
 from strands.multiagent.graph import Graph
 
 from rllm.agents.search import resolve_retrieval_url, search_tools

@@ -32,9 +32,9 @@ from rllm.agents.search import SEARCH_SYSTEM_PROMPT, format_question, scripted_s
 from rllm.data.hotpotqa import load_hotpotqa
 from rllm.eval.search import RetrievalProcess
 from rllm.integrations.strands import NonStreamingOpenAIModel
+from rllm.offline.scripted_server import ScriptedOpenAIServer, ToyChatTokens
 from rllm.rewards.search_reward import RewardSearchFn
 from rllm.secret_options import add_secret_argument
-from rllm.offline.scripted_server import ScriptedOpenAIServer, ToyChatTokens
 from rllm.tracing import Backend, ProxyConfig, ProxyProcess, TraceStore, get_chat_client_async, load_trajectory, session
 from rllm.tracing.trajectory import SessionTrajectory
 

@@ -25,8 +25,8 @@ from rllm.agents.search import (
 from rllm.data.hotpotqa import load_hotpotqa
 from rllm.eval import reports
 from rllm.eval import search as cli
-from rllm.rewards import RewardSearchFn
 from rllm.offline.tiny_models import build_tiny_model_dir
+from rllm.rewards import RewardSearchFn
 from rllm.types import Episode, TerminationReason
 from rllm.workflows import StrandsWorkflow
 

@@ -24,8 +24,8 @@ from rllm.data import (  # noqa: E402
     hotpotqa_paragraphs,
     load_hotpotqa,
 )
-from rllm.training.verl.reward import compute_score as _compute_score  # noqa: E402
 from rllm.offline.tiny_models import build_tiny_tokenizer  # noqa: E402
+from rllm.training.verl.reward import compute_score as _compute_score  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "scripts"))

@@ -17,8 +17,8 @@ from rich.console import Console
 
 from rllm.eval import gaia, search, search_quickstart
 from rllm.eval.models import add_model_arguments, check_model_arguments, choose_model, open_engine
-from rllm.processes import free_port
 from rllm.offline.scripted_server import ScriptedReply
+from rllm.processes import free_port
 
 KEY = "sk-endpoint-secret"
 WARNING = ("--api-key on the command line is visible to every user of this machine (ps); set OPENAI_API_KEY in the "

@@ -18,6 +18,7 @@ os.environ.setdefault("OTEL_SDK_DISABLED", "true")
 pytest.importorskip("verl", reason="AgentTrainer launches verl's trainer (the train extra)")
 
 from fixtures.user_agents import TASKS, capital_agent, capital_of, capital_reward  # noqa: E402
+
 from rllm.errors import ConfigurationError, TrainingRunError  # noqa: E402
 from rllm.integrations.strands import Budget  # noqa: E402
 from rllm.rewards.base import RewardOutput  # noqa: E402

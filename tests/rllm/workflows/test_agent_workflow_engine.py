@@ -20,10 +20,10 @@ from strands import tool
 
 from rllm.engine.rollout import OpenAIEngine
 from rllm.integrations.strands import Budget
-from rllm.rewards import RewardSearchFn
 from rllm.offline.scripted_server import ScriptedReply, ScriptedToolCall
 from rllm.offline.scripted_tokens import ScriptedTokenEngine
 from rllm.offline.tiny_models import build_tiny_tokenizer
+from rllm.rewards import RewardSearchFn
 from rllm.types import Episode, TerminationReason
 from rllm.workflows import StrandsWorkflow, Workflow
 from rllm.workflows.agent_workflow_engine import AgentWorkflowEngine, summarize

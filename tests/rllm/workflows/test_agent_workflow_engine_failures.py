@@ -24,8 +24,8 @@ from rag.testing import RetrievalServer, demo_index
 from rllm.engine.rollout import OpenAIEngine
 from rllm.errors import InfrastructureFailureRateError, SystemicFailureError
 from rllm.integrations.strands import Budget
-from rllm.rewards import RewardSearchFn
 from rllm.offline.scripted_server import ScriptedReply, ScriptedToolCall
+from rllm.rewards import RewardSearchFn
 from rllm.types import Episode, TerminationReason
 from rllm.workflows import StrandsWorkflow, Workflow
 from rllm.workflows.agent_workflow_engine import AgentWorkflowEngine, error_signature

@@ -12,9 +12,9 @@ import pytest
 from strands import ToolContext, tool
 
 from rllm.eval.reports import search_report
-from rllm.rewards.base import RewardOutput
 from rllm.offline.chat_templates import FAMILIES
 from rllm.offline.scripted_tokens import ScriptedTokenEngine
+from rllm.rewards.base import RewardOutput
 from rllm.types import TerminationReason
 from rllm.workflows import AgentWorkflowEngine, StrandsWorkflow
 

@@ -25,12 +25,12 @@ from rllm.engine.rollout.vllm_engine import VLLMEngine
 from rllm.errors import GenerationAbortedError, exception_chain
 from rllm.integrations.strands import NonStreamingOpenAIModel
 from rllm.integrations.strands.rollout import build_agent, run_rollout
-from rllm.parser import get_tool_parser
-from rllm.rewards.base import RewardOutput
 from rllm.offline.chat_templates import FAMILIES
 from rllm.offline.scripted_server import ScriptedOpenAIServer, ScriptedReply, ScriptedToolCall
 from rllm.offline.scripted_tokens import Cut, ScriptedTokenServer
 from rllm.offline.tiny_models import ForcedCausalLM, build_tiny_qwen3
+from rllm.parser import get_tool_parser
+from rllm.rewards.base import RewardOutput
 from rllm.tokens.renderer import ChatRenderer
 from rllm.types import TerminationReason
 from rllm.workflows import AgentWorkflowEngine, StrandsWorkflow

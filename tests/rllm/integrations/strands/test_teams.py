@@ -16,8 +16,8 @@ from strands.multiagent import GraphBuilder, Swarm
 
 from rllm.integrations.strands import RLLMModel
 from rllm.integrations.strands.teams import record_team, run_team_rollout
-from rllm.rewards.base import RewardOutput
 from rllm.offline.scripted_tokens import ScriptedTokenEngine
+from rllm.rewards.base import RewardOutput
 from rllm.types import TerminationReason
 from rllm.workflows import AgentWorkflowEngine, StrandsWorkflow
 

@@ -220,8 +220,8 @@ def _fail_on_second_call(engine: Any, error: BaseException | None) -> Any:
 async def _through_the_batch_runner(tokenizer: Any, error: BaseException | None, fail_with: str | None) -> str:
     from fixtures.verl_loop import GROUND_TRUTH, QUESTION, SYSTEM, lookup_call, lookup_tools, turns_script
 
-    from rllm.rewards import RewardSearchFn
     from rllm.offline.scripted_tokens import ScriptedTokenEngine
+    from rllm.rewards import RewardSearchFn
     from rllm.workflows import StrandsWorkflow
     from rllm.workflows.agent_workflow_engine import AgentWorkflowEngine
 

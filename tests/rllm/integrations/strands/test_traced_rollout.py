@@ -26,8 +26,8 @@ from rllm.engine.rollout.openai_engine import OpenAIEngine
 from rllm.errors import ConfigurationError, GenerationAbortedError, RolloutWithoutTokensError, ToolBackendError
 from rllm.integrations.strands import Budget, NonStreamingOpenAIModel, record, run_traced_rollout
 from rllm.integrations.strands.rollout import RolloutEnd
-from rllm.rewards.base import RewardOutput
 from rllm.offline.scripted_server import ScriptedOpenAIServer, ScriptedReply, ScriptedToolCall, ToyChatTokens
+from rllm.rewards.base import RewardOutput
 from rllm.tokens.renderer import content_text
 from rllm.tracing import Backend, ProxyConfig, ProxyProcess, TraceStore, get_chat_client_async, install_proxy_venv
 from rllm.tracing.proxy import VENV_ENV

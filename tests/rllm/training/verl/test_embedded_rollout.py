@@ -23,8 +23,8 @@ from rllm.offline.chat_templates import load_chat_template  # noqa: E402
 from rllm.offline.qwen_tokenizer import QwenVocab, build_qwen_tokenizer  # noqa: E402
 from rllm.offline.tiny_models import build_tiny_qwen3  # noqa: E402
 from rllm.training.verl.embedded.server import EmbeddedRolloutServer  # noqa: E402
-from rllm.training.verl.weights.fingerprint import WeightFingerprint  # noqa: E402
 from rllm.training.verl.train import CONFIG_DIR, CONFIG_NAME, prepare_config  # noqa: E402
+from rllm.training.verl.weights.fingerprint import WeightFingerprint  # noqa: E402
 
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
 

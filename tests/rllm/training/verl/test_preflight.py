@@ -23,6 +23,7 @@ os.environ.setdefault("OTEL_SDK_DISABLED", "true")
 pytest.importorskip("verl", reason="the launcher needs the train extra")
 
 from fixtures.user_agents import TASKS  # noqa: E402
+
 from rllm.errors import ConfigurationError  # noqa: E402
 from rllm.training.verl.preflight import preflight  # noqa: E402
 from rllm.training.verl.train import CONFIG_DIR, prepare_config  # noqa: E402

@@ -20,10 +20,10 @@ os.environ.setdefault("OTEL_SDK_DISABLED", "true")
 
 from rllm.agents.lookup import LOOKUP_BUDGET, LOOKUP_SYSTEM_PROMPT, LookupWorld  # noqa: E402
 from rllm.proofs.local_trainer import ProofConfig  # noqa: E402
-from rllm.training.verl.cpu import CPU_OVERRIDES  # noqa: E402
-from rllm.training.verl.trainer.guards import GuardSettings  # noqa: E402
 from rllm.proofs.verl_trainer import RECIPE, verl_overrides, write_lookup_rows  # noqa: E402
+from rllm.training.verl.cpu import CPU_OVERRIDES  # noqa: E402
 from rllm.training.verl.train import CONFIG_DIR, prepare_config, validate  # noqa: E402
+from rllm.training.verl.trainer.guards import GuardSettings  # noqa: E402
 
 
 def compose(*overrides: str) -> Any:
@@ -62,8 +62,8 @@ def test_a_decaying_rl_learning_rate_is_verls_cosine_schedule_and_the_local_trai
     import torch
     from verl.utils.torch_functional import get_cosine_schedule_with_warmup
 
-    from rllm.proofs.quickstart import quickstart_config
     from rllm.proofs.local_trainer import rl_learning_rate
+    from rllm.proofs.quickstart import quickstart_config
 
     config = quickstart_config("cpu")
     assert config.rl_lr_min_ratio < 1.0  # the quickstart decays; the proof's default stays constant
