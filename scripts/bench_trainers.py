@@ -2,6 +2,7 @@
 
     python scripts/bench_trainers.py --out runs/bench-trainers            # CPU: the learning proof's settings
     python scripts/bench_trainers.py --device cuda --out runs/bench-gpu
+    python scripts/bench_trainers.py --out runs/bench-trainers --profile runs/bench-trainers/profile
 
 Warm-starts the learning proof's model once (rllm.proofs.verl_trainer.prepare_verl_proof), then runs
 --steps RLOO steps with LocalRLOOTrainer in this process and --steps steps of verl's own trainer
@@ -11,7 +12,8 @@ update (verl: timing_s/step; local: rollouts + update). The first step of each i
 medians (verl's warm-up). Prints a table and writes DIR/bench.json; the ratio is verl's median step
 over the local trainer's, from this one run. Both trainers start from the warm-started weights with a
 fresh AdamW at the RL learning rate, so their policies, and the rollouts each step trains on, move alike
-(each row prints its mean response tokens).
+(each row prints its mean response tokens). ``--profile DIR`` also reads, from verl's first step on, the CPU of
+each of its Ray processes and py-spy's hottest frames in each (``_bench_trainers_profile.py``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ from typing import Any
 from rllm.proofs.local_trainer import ProofConfig
 from rllm.proofs.verl_trainer import prepare_verl_proof, run_verl_trainer, verl_overrides
 from rllm.training.local.rloo import LocalRLOOTrainer, default_actor_config
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench_trainers_profile import RayProfile, print_profile  # noqa: E402
 
 logger = logging.getLogger("bench_trainers")
 
@@ -51,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--verl-override", action="append", default=[], metavar="KEY=VALUE",
                         help="a Hydra override of the lookup_rloo recipe (repeatable), e.g. to time one setting")
+    parser.add_argument("--profile", type=Path, metavar="DIR",
+                        help="from verl's step 1 on: each Ray process's CPU seconds and py-spy's top frames, into DIR")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     logging.getLogger("strands").setLevel(logging.ERROR)
@@ -73,9 +80,13 @@ def main(argv: list[str] | None = None) -> int:
     gc.collect()
 
     verl: list[dict[str, float]] = []
+    profile = RayProfile(args.profile) if args.profile else None
 
     def on_line(line: dict[str, Any]) -> None:
         data = line["data"]
+        if profile is not None and line["step"] > 0:
+            profile.sample_cpu()
+            profile.start()
         if line["step"] > 0:
             verl.append({name: float(data[key]) for name, key in VERL_TIMINGS.items() if key in data}
                         | {"response_tokens": float(data.get("response_length/mean", float("nan")))})
@@ -85,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                  "trainer.val_before_train=false", "trainer.test_freq=-1", *args.verl_override]
     returncode = run_verl_trainer(overrides, cpu=args.device == "cpu", metrics_path=args.out / "verl_metrics.jsonl",
                                   log_path=args.out / "verl.log", on_line=on_line)
+    profiled = profile.finish() if profile is not None else None
     if returncode != 0 or len(verl) < args.steps:
         logger.error("verl's trainer exited with %d after %d of %d steps (see %s)", returncode, len(verl),
                      args.steps, args.out / "verl.log")
@@ -100,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         "verl": verl,
         "local_median_step": _median(local, "step"),
         "verl_median_step": _median(verl, "step"),
+        "profile": profiled,
     }
     result["ratio"] = result["verl_median_step"] / result["local_median_step"]
     (args.out / "bench.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
@@ -113,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
           f"weight sync {_median(verl, 'weight_sync'):.1f} s; {_median(verl, 'response_tokens'):.0f} response "
           "tokens per rollout)")
     print(f"  verl / local   {result['ratio']:6.2f}x")
+    if profiled is not None:
+        print_profile(profiled)
     return 0
 
 
