@@ -40,15 +40,22 @@ CPU_ENV = {CPU_SWITCH: "1", "VERL_PLATFORM": "cpu", "VERL_ENGINE_DEVICE": "cuda"
 """What every process of a CPU run needs in its environment (Ray workers inherit the driver's)."""
 
 
+RAY_NO_PRESTART = {"RAY_prestart_worker_first_driver": "0", "RAY_enable_worker_prestart": "0"}
+"""Ray starts no idle workers ahead of need: in a CPU run of the lookup recipe three of them sat idle all run, each
+a Python process importing Ray (about 2.2 CPU-seconds apiece on the 2-core machine, docs/benchmarks.md)."""
+
+
 def cpu_environment() -> dict[str, str]:
-    """``CPU_ENV``, and ``OMP_NUM_THREADS`` set to this machine's cores unless the caller's environment sets it.
+    """``CPU_ENV``, ``RAY_NO_PRESTART`` and ``OMP_NUM_THREADS`` (this machine's cores); the caller's own values win.
 
     Ray starts every actor that names no CPUs (verl's FSDP workers, the rollout server) with
     ``OMP_NUM_THREADS=1`` unless the driver's environment sets it, which leaves torch one thread
     per process: on a 2-core machine half of it, for the actor's update and the rollouts alike
     (they never run at once in verl's synchronous trainer).
     """
-    return {**CPU_ENV, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS") or str(os.cpu_count() or 1)}
+    own = {name: os.environ[name] for name in RAY_NO_PRESTART if os.environ.get(name)}
+    return {**CPU_ENV, **RAY_NO_PRESTART, **own,
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS") or str(os.cpu_count() or 1)}
 
 CPU_OVERLAY = "cpu"
 """``--cpu``'s Hydra overlay, ``config/overlay/cpu.yaml``: what fits a recipe to one CPU process (one logical GPU,

@@ -129,3 +129,14 @@ def test_the_cpu_launch_refuses_fp16_with_its_reason_and_accepts_bf16(monkeypatc
 
 
 # --- end of fp16 on CPU ----------------------------------------------------------------------------------------
+
+
+def test_the_cpu_environment_starts_no_idle_ray_workers_unless_the_caller_asks(monkeypatch) -> None:
+    from rllm.training.verl.cpu import cpu_environment
+
+    for name in ("RAY_prestart_worker_first_driver", "RAY_enable_worker_prestart"):
+        monkeypatch.delenv(name, raising=False)
+    env = cpu_environment()
+    assert env["RAY_prestart_worker_first_driver"] == env["RAY_enable_worker_prestart"] == "0"
+    monkeypatch.setenv("RAY_enable_worker_prestart", "1")
+    assert cpu_environment()["RAY_enable_worker_prestart"] == "1"
