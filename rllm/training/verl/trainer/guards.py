@@ -242,6 +242,14 @@ class TrainingGuards:
             raise TrainingGuardError(f"step {step}: {_GRAD_NORM} is nan: the update's gradient is not a number",
                                      step=step)
 
+    def _over(self, step: int, metrics: dict[str, Any], name: str, setting: str) -> Any:
+        """The step's metric ``name`` when it is over ``rllm.guards.<setting>``; ``None`` when within it or off."""
+        limit = getattr(self.settings, setting)
+        if limit is None:
+            return None
+        value = self._require(step, metrics, name, setting)
+        return value if value > limit else None
+
     def _require(self, step: int, metrics: dict[str, Any], name: str, setting: str) -> Any:
         value = metrics.get(f"{PREFIX}{name}")
         if value is None:
@@ -272,23 +280,19 @@ class TrainingGuards:
         s, warnings = self.settings, []
         if rollouts is not None:
             self.check_groups(step, rollouts)
-        if s.max_logprob_gap is not None:
-            gap = self._require(step, metrics, "logprob_gap_mean", "max_logprob_gap")
-            if gap > s.max_logprob_gap:
-                raise TrainingGuardError(
-                    f"step {step}: the rollout sampled with log-probs {gap:.3g} away from the actor's on average "
-                    f"(max {metrics.get(f'{PREFIX}logprob_gap_max', float('nan')):.3g}; rllm.guards.max_logprob_gap="
-                    f"{s.max_logprob_gap}): the served weights are not the ones being trained", step=step)
+        if (gap := self._over(step, metrics, "logprob_gap_mean", "max_logprob_gap")) is not None:
+            raise TrainingGuardError(
+                f"step {step}: the rollout sampled with log-probs {gap:.3g} away from the actor's on average "
+                f"(max {metrics.get(f'{PREFIX}logprob_gap_max', float('nan')):.3g}; rllm.guards.max_logprob_gap="
+                f"{s.max_logprob_gap}): the served weights are not the ones being trained", step=step)
         smallest = metrics.get(f"{PREFIX}min_group_size")
         if smallest is not None:
             self._check_group_size(step, smallest)
-        if s.max_truncated_share is not None:
-            truncated = self._require(step, metrics, "truncated_share", "max_truncated_share")
-            if truncated > s.max_truncated_share:
-                raise TrainingGuardError(
-                    f"step {step}: {truncated:.0%} of the responses were cut at response_length "
-                    f"(rllm.guards.max_truncated_share={s.max_truncated_share}); raise data.max_response_length "
-                    "or lower the agent's budget", step=step)
+        if (truncated := self._over(step, metrics, "truncated_share", "max_truncated_share")) is not None:
+            raise TrainingGuardError(
+                f"step {step}: {truncated:.0%} of the responses were cut at response_length "
+                f"(rllm.guards.max_truncated_share={s.max_truncated_share}); raise data.max_response_length "
+                "or lower the agent's budget", step=step)
         signal = metrics.get(f"{PREFIX}groups_with_signal_share")
         if signal is not None:
             self.steps_checked += 1
@@ -309,14 +313,12 @@ class TrainingGuards:
                 self.tools_were_used = True
             elif self.tools_were_used and s.warn_on_tool_collapse:
                 warnings.append(f"step {step}: tool calls per episode fell to zero (they were above zero before)")
-        if s.max_context_overflow_share is not None:
-            overflow = self._require(step, metrics, "context_overflow_share", "max_context_overflow_share")
-            if overflow > s.max_context_overflow_share:
-                raise TrainingGuardError(
-                    f"step {step}: {overflow:.0%} of the rollouts ended context_overflow, their history longer than "
-                    f"rollout.prompt_length even after the conversation manager trimmed it "
-                    f"(rllm.guards.max_context_overflow_share={s.max_context_overflow_share}); raise "
-                    "data.max_prompt_length or have the conversation manager keep less", step=step)
+        if (overflow := self._over(step, metrics, "context_overflow_share", "max_context_overflow_share")) is not None:
+            raise TrainingGuardError(
+                f"step {step}: {overflow:.0%} of the rollouts ended context_overflow, their history longer than "
+                f"rollout.prompt_length even after the conversation manager trimmed it "
+                f"(rllm.guards.max_context_overflow_share={s.max_context_overflow_share}); raise "
+                "data.max_prompt_length or have the conversation manager keep less", step=step)
         warnings += self._check_tool_use(step, metrics)
         for warning in warnings:
             logger.warning("training guard: %s", warning)
