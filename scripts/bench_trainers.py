@@ -84,10 +84,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def on_line(line: dict[str, Any]) -> None:
         data = line["data"]
-        if profile is not None and line["step"] > 0:
-            profile.sample_cpu()
-            profile.start()
         if line["step"] > 0:
+            if profile is not None:
+                profile.start()  # once, at step 1's line; every later line reads the CPU again
+                profile.sample_cpu()
             verl.append({name: float(data[key]) for name, key in VERL_TIMINGS.items() if key in data}
                         | {"response_tokens": float(data.get("response_length/mean", float("nan")))})
             logger.info("verl step %d: %s", line["step"], verl[-1])

@@ -53,8 +53,7 @@ def cpu_environment() -> dict[str, str]:
     per process: on a 2-core machine half of it, for the actor's update and the rollouts alike
     (they never run at once in verl's synchronous trainer).
     """
-    own = {name: os.environ[name] for name in RAY_NO_PRESTART if os.environ.get(name)}
-    return {**CPU_ENV, **RAY_NO_PRESTART, **own,
+    return {**CPU_ENV, **{name: os.environ.get(name) or value for name, value in RAY_NO_PRESTART.items()},
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS") or str(os.cpu_count() or 1)}
 
 CPU_OVERLAY = "cpu"

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,6 +111,14 @@ def _task_key(rollouts: StepRollouts, index: int) -> Any:
     return task
 
 
+def _spread(pairs: Iterable[tuple[Any, Any]]) -> dict[Any, set[Any]]:
+    """Each key that comes with more than one value, with its values, in the order the keys first came."""
+    found: dict[Any, set[Any]] = defaultdict(set)
+    for key, value in pairs:
+        found[key].add(value)
+    return {key: values for key, values in found.items() if len(values) > 1}
+
+
 def group_violations(rollouts: StepRollouts) -> list[str]:
     """What is wrong with the step's RLOO groups: mixed prompts, split prompts, oversized groups (empty: nothing).
 
@@ -118,23 +126,16 @@ def group_violations(rollouts: StepRollouts) -> list[str]:
     prompt: a factory may vary its system prompt per rollout, a ``Graph`` order its entry nodes.
     """
     problems = []
-    prompts: dict[Any, set[Any]] = defaultdict(set)
-    for index, group in enumerate(rollouts.groups):
-        task = _task_key(rollouts, index)
-        if task is not None:
-            prompts[group].add(task)
-    mixed = [group for group, found in prompts.items() if len(found) > 1]
+    tasks = ((group, _task_key(rollouts, index)) for index, group in enumerate(rollouts.groups))
+    mixed = _spread((group, task) for group, task in tasks if task is not None)
     if mixed:
-        problems.append(f"group {mixed[0]} holds rollouts of {len(prompts[mixed[0]])} different prompts "
-                        f"({len(mixed)} such group(s))")
-    groups_of_row: dict[Any, set[Any]] = defaultdict(set)
-    for group, row in zip(rollouts.groups, rollouts.rows, strict=False):
-        if row is not None:
-            groups_of_row[row].add(group)
-    split = [row for row, found in groups_of_row.items() if len(found) > 1]
+        group, found = next(iter(mixed.items()))
+        problems.append(f"group {group} holds rollouts of {len(found)} different prompts ({len(mixed)} such group(s))")
+    split = _spread((row, group) for group, row in zip(rollouts.groups, rollouts.rows, strict=False) if row is not None)
     if split:
-        problems.append(f"the rollouts of dataset row {split[0]} are split across {len(groups_of_row[split[0]])} "
-                        f"groups ({len(split)} such row(s))")
+        row, found = next(iter(split.items()))
+        problems.append(f"the rollouts of dataset row {row} are split across {len(found)} groups "
+                        f"({len(split)} such row(s))")
     if rollouts.rollouts_per_prompt is not None:
         sizes = Counter(rollouts.groups)
         oversized = [group for group, size in sizes.items() if size > rollouts.rollouts_per_prompt]
