@@ -155,8 +155,9 @@ class FinishedRollout:
             token ids (no token engine, a backend that returns none) or when the run stopped before
             its first model call.
         sample_names: The name of the trajectory each sample is (a team's node id), in ``samples``' order.
-        truncated: A sample's response was cut at ``response_length``: ran past it (its fields cut
-            there), or filled it and ended by the token budget.
+        truncated: The rollout's response was cut at ``response_length``: a sample ran past it (its
+            fields cut there), or its samples together ran past it or filled it and ended by the
+            token budget (a split rollout that used up the budget is truncated as an unsplit one).
         num_model_calls: Sampled turns over all samples (0 without a token engine).
         metrics: ``trajectory_metrics`` plus ``latency_s`` and ``rewritten_calls`` (calls whose history
             was rewritten, over the token sessions).
@@ -214,11 +215,19 @@ class FinishedRollout:
         return self.samples
 
 
-def _truncated(response: int, response_length: int | None, reason: TerminationReason) -> bool:
-    """Whether the response was cut at ``response_length``: longer than it, or filling it and ended by the budget."""
+def _truncated(responses: list[int], response_length: int | None, reason: TerminationReason) -> bool:
+    """Whether the rollout's response was cut at ``response_length``, its samples' responses counted together.
+
+    A sample longer than the budget (its fields cut there), the samples together longer than it, or
+    together filling it and ended by the budget: the budget is the rollout's (``VerlEngine`` counts
+    every sample of every session against it), so a split rollout that used it up is cut as an
+    unsplit one is.
+    """
     if response_length is None:
         return False
-    return response > response_length or (response == response_length and reason is TerminationReason.MAX_TOKENS)
+    total = sum(responses)
+    return (any(response > response_length for response in responses) or total > response_length
+            or (total == response_length and reason is TerminationReason.MAX_TOKENS))
 
 
 async def run_rollout(
@@ -297,13 +306,11 @@ def finished_rollout(end: RolloutEnd, error: BaseException | None, trajectories:
     sampled = [trace for _, trace in kept]
     if not sampled:
         return record
-    last = sampled[-1]
     return dataclasses.replace(
         record,
         samples=[trace.to_verl(response_length) for trace in sampled],
         sample_names=[name for name, _ in kept],
-        truncated=any(len(t) - t.prompt_length > (response_length or len(t)) for t in sampled)
-        or _truncated(len(last) - last.prompt_length, response_length, end.reason),
+        truncated=_truncated([len(t) - t.prompt_length for t in sampled], response_length, end.reason),
         num_model_calls=sum(trace.num_turns for trace in sampled),
         metrics=metrics,
     )

@@ -3,7 +3,9 @@
 The loop is built as verl's ``AgentLoopWorker`` builds it (``fixtures.verl_loop``), the agent is a
 user's plain ``strands.Agent`` under Strands' per-turn ``SlidingWindowConversationManager`` (each
 call a rewritten history, so each call a sample), and the rollout server is a fake ``server_manager``
-answering scripted text through the real tokenizer.
+answering scripted text through the real tokenizer. A team (``fixtures.verl_loop:research_team``, a Strands
+``Swarm``; a ``Graph``) is one rollout too: a node's hand-off longer than ``prompt_length`` ends that rollout,
+only the task itself too long stops the run; a split rollout that used up the response budget is truncated.
 """
 
 from __future__ import annotations
@@ -12,7 +14,27 @@ import os
 
 os.environ.setdefault("OTEL_SDK_DISABLED", "true")
 
-from fixtures.verl_loop import SAMPLING, FakeServerManager, build_loop, lookup_call, row  # noqa: E402
+from typing import Any  # noqa: E402
+
+import pytest  # noqa: E402
+from fixtures.verl_loop import (  # noqa: E402
+    QUESTION,
+    SAMPLING,
+    FakeServerManager,
+    build_loop,
+    lookup_call,
+    row,
+    windowed_agent,
+)
+from strands import Agent  # noqa: E402
+from strands.multiagent import GraphBuilder  # noqa: E402
+
+from rllm.engine.rollout.verl_engine import VerlEngine  # noqa: E402
+from rllm.errors import PromptTooLongError  # noqa: E402
+from rllm.integrations.strands import RLLMModel, record  # noqa: E402
+from rllm.integrations.strands.rollout import run_rollout  # noqa: E402
+from rllm.integrations.strands.teams import record_team, run_team_rollout  # noqa: E402
+from rllm.types import TerminationReason  # noqa: E402
 
 WINDOWED = {"tool_factory": None, "agent_factory": "fixtures.verl_loop:windowed_agent"}
 
@@ -86,3 +108,23 @@ async def test_every_sample_reports_the_rows_task_and_the_agents_tools_for_the_g
     team, _ = build_loop(tokenizer, FakeServerManager(tokenizer, team_script), tool_factory=None,
                          agent_factory="fixtures.verl_loop:research_team")
     assert {o.extra_fields["num_tools"] for o in await team.run(dict(SAMPLING), **row())} == {1}  # no handoff tool
+
+
+async def test_a_split_rollout_that_used_up_max_response_length_is_truncated_as_an_unsplit_one(tokenizer) -> None:
+    engine = VerlEngine(FakeServerManager(tokenizer, _looks_up_forever), tokenizer, response_length=120,
+                        server_sampling=SAMPLING)
+    agent = windowed_agent(RLLMModel(engine), row())
+    finished = await run_rollout(agent, QUESTION, recorder=record(agent), response_length=120)
+    responses = [len(s["response_ids"]) for s in finished.samples]
+    assert len(responses) > 1 and max(responses) < 120 and sum(responses) == 120  # no sample alone was cut
+    assert finished.end.reason is TerminationReason.MAX_TOKENS and finished.truncated
+
+    loop, _ = build_loop(tokenizer, FakeServerManager(tokenizer, _looks_up_forever), "data.max_response_length=120",
+                         **WINDOWED)
+    outputs = await loop.run(dict(SAMPLING), **row())
+    assert len(outputs) > 1
+    assert {o.extra_fields["response_truncated"] for o in outputs} == {True}  # what the truncation guard reads
+
+    within, _ = build_loop(tokenizer, FakeServerManager(tokenizer, _answers_after_four_lookups), **WINDOWED)
+    outputs = await within.run(dict(SAMPLING), **row())  # split too, but finished within its budget
+    assert len(outputs) > 1 and {o.extra_fields["response_truncated"] for o in outputs} == {False}
