@@ -245,12 +245,17 @@ class RolloutRecorder:
         validate_tool_calls: Refuse unknown tools, non-JSON arguments and missing arguments.
         infra_exceptions: Exception classes that, raised by a tool, mean its backend failed, in
             addition to ``rllm.errors.InfrastructureError`` (see ``ToolFailureHook``).
+        budget_hook: A ``BudgetHook`` shared with other recorders, instead of one of its own for
+            ``budget``: a team's nodes count one budget for the whole episode (``record_team``).
     """
 
     def __init__(self, name: str, *, budget: Budget | None = None, validate_tool_calls: bool = True,
-                 infra_exceptions: tuple[type[BaseException], ...] = ()) -> None:
+                 infra_exceptions: tuple[type[BaseException], ...] = (),
+                 budget_hook: BudgetHook | None = None) -> None:
+        if budget_hook is not None and budget is not None:
+            raise TypeError("RolloutRecorder: give budget or a shared budget_hook, not both")
         self.steps = _StepRecorder(name)
-        self.budget_hook = BudgetHook(budget or Budget())
+        self.budget_hook = budget_hook or BudgetHook(budget or Budget())
         self.tool_failures = ToolFailureHook(tuple(infra_exceptions))
         self.hooks: list[HookProvider] = [self.budget_hook, self.steps, self.tool_failures]
         if validate_tool_calls:
@@ -294,23 +299,25 @@ class RolloutRecorder:
         return termination_reason_for(stop_reason=step.stop_reason)
 
     def reset(self) -> None:
-        """Forget the episode: steps, samples, session, counters, failures."""
+        """Forget the episode: steps, samples, session, counters (a shared budget's too), failures."""
         self.steps.reset()
         self.budget_hook.reset()
         self.tool_failures.reset()
 
 
 def record(agent: Agent, *, name: str | None = None, budget: Budget | None = None, validate_tool_calls: bool = True,
-           infra_exceptions: tuple[type[BaseException], ...] = ()) -> RolloutRecorder:
+           infra_exceptions: tuple[type[BaseException], ...] = (),
+           budget_hook: BudgetHook | None = None) -> RolloutRecorder:
     """The recorder of ``agent``: a ``StrandsAgent``'s own, or a new one attached to any other ``Agent``.
 
     A ``StrandsAgent`` keeps its own name, budget and validation, so the arguments apply to other
-    agents only. The trajectories are named ``name`` (a team's node id), else by the agent's name.
+    agents only. The trajectories are named ``name`` (a team's node id), else by the agent's name;
+    ``budget_hook`` is a budget shared with other agents (a team's), instead of ``budget``.
     """
     own = getattr(agent, "recorder", None)
     if isinstance(own, RolloutRecorder):
         return own
     recorder = RolloutRecorder(name or str(agent.name), budget=budget, validate_tool_calls=validate_tool_calls,
-                               infra_exceptions=infra_exceptions)
+                               infra_exceptions=infra_exceptions, budget_hook=budget_hook)
     recorder.attach(agent)
     return recorder

@@ -1,8 +1,9 @@
 """Teams: a Strands ``Swarm`` or ``Graph`` that an agent factory built, run and read as one episode.
 
-``record_team`` puts a recorder on every node, ``run_team_rollout`` runs the team and reads it as
-``run_rollout`` reads an agent (``read_team``: a node's typed failure first, else the last node's
-end and answer), through the same ``finished_rollout``. ``record_built`` / ``run_built`` take what a
+``record_team`` puts a recorder on every node, all counting one ``Budget`` for the episode;
+``run_team_rollout`` runs the team and reads it as ``run_rollout`` reads an agent (``read_team``: a
+node's typed failure first, else the last node's end and answer), through the same
+``finished_rollout``. ``record_built`` / ``run_built`` take what a
 factory built, agent or team. This module builds on ``rollout.py``; ``rollout.py`` knows no team.
 """
 
@@ -15,7 +16,7 @@ from typing import Any
 from strands import Agent
 from strands.multiagent.base import MultiAgentBase
 
-from rllm.integrations.strands.hooks import Budget
+from rllm.integrations.strands.hooks import Budget, BudgetHook
 from rllm.integrations.strands.recorder import RolloutRecorder, record
 from rllm.integrations.strands.rollout import (
     Built,
@@ -37,17 +38,21 @@ def record_team(team: MultiAgentBase, *, budget: Budget | None = None,
     """A recorder on every node of a Strands ``Swarm`` or ``Graph``, its trajectories named by the node id.
 
     A node that is a ``StrandsAgent`` keeps its own recorder; any other ``Agent`` gets one with
-    ``budget`` and ``infra_exceptions`` (per node). Nested teams and other executors are refused.
+    ``infra_exceptions``, and all of them count one ``budget`` for the whole episode (one
+    ``BudgetHook``): a 3-node Swarm under ``max_model_turns=4`` makes 4 model calls in all, not 4 per
+    node, as ``data.max_response_length`` counts every node's response. Nested teams and other
+    executors are refused.
     """
     nodes = getattr(team, "nodes", None)
     if not isinstance(nodes, dict) or not nodes:
         raise TypeError(f"{type(team).__name__} has no nodes to record: a Strands Swarm or Graph is expected")
+    shared = BudgetHook(budget or Budget())
     recorders: dict[str, RolloutRecorder] = {}
     for node_id, node in nodes.items():
         agent = node.executor
         if not isinstance(agent, Agent):
             raise TypeError(f"node {node_id!r} runs a {type(agent).__name__}; only Strands Agent nodes are recorded")
-        recorders[node_id] = record(agent, name=str(node_id), budget=budget, infra_exceptions=infra_exceptions)
+        recorders[node_id] = record(agent, name=str(node_id), budget_hook=shared, infra_exceptions=infra_exceptions)
     return recorders
 
 

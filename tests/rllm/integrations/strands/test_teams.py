@@ -3,7 +3,8 @@
 Real Strands teams of plain ``strands.Agent`` nodes over one ``RLLMModel``, unchanged, on a scripted
 token policy that writes real Qwen3 token ids with Qwen3's shipped template; the policy answers by
 the node's system prompt. The Graph runs two nodes concurrently on an engine that finishes their
-generations together, so each node's record is handed over while the other's is.
+generations together, so each node's record is handed over while the other's is. A team's ``Budget``
+is the episode's, counted over all its nodes, in evaluation as in training.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 from strands import Agent, tool
 from strands.multiagent import GraphBuilder, Swarm
 
-from rllm.integrations.strands import RLLMModel
+from rllm.integrations.strands import Budget, RLLMModel
 from rllm.integrations.strands.teams import record_team, run_team_rollout
 from rllm.offline.scripted_tokens import ScriptedTokenEngine
 from rllm.rewards.base import RewardOutput
@@ -171,3 +172,64 @@ async def test_a_swarm_node_that_runs_twice_keeps_the_samples_of_both_runs(token
     assert researcher[0].token_trace is not researcher[1].token_trace
     assert [len(t.steps) for t in researcher] == [3, 1]
     assert finished.num_model_calls == len(engine.prompts) == 6
+
+
+def relay_policy(prompt: str) -> str:
+    """Alpha looks up and hands off to beta, beta looks up and hands off to the writer, the writer answers."""
+    system, turn = prompt.split("<|im_end|>", 1)[0], last_turn(prompt)
+    if "You write." in system:
+        return "\\boxed{7}"
+    key, after = ("alpha", "beta") if "You research alpha." in system else ("beta", "writer")
+    if "Handing off to" in turn:
+        return "Handed off."
+    if "<tool_response>" not in turn:
+        return call("lookup", key=key)
+    return call("handoff_to_agent", agent_name=after, message=f"{key} holds 7")
+
+
+def relay(model: Any, task: dict[str, Any] | None = None) -> Swarm:
+    return Swarm([agent(model, "alpha", "You research alpha.", [lookup]),
+                  agent(model, "beta", "You research beta.", [lookup]), agent(model, "writer", "You write.")])
+
+
+async def test_a_teams_budget_counts_the_model_calls_of_all_its_nodes(tokenizer) -> None:
+    unlimited = ScriptedTokenEngine(tokenizer, relay_policy)
+    swarm = relay(RLLMModel(unlimited))
+    whole = await run_team_rollout(swarm, "What do alpha and beta hold?", recorders=record_team(swarm))
+    assert whole.end.reason is TerminationReason.FINISHED and len(unlimited.prompts) == 7  # 3 + 3 + 1: each under 4
+
+    engine = ScriptedTokenEngine(tokenizer, relay_policy)
+    swarm = relay(RLLMModel(engine))
+    finished = await run_team_rollout(swarm, "What do alpha and beta hold?",
+                                      recorders=record_team(swarm, budget=Budget(max_model_turns=4)))
+
+    assert len(engine.prompts) == finished.num_model_calls == finished.metrics["turns"] == 4  # 4 in all, not per node
+    assert finished.end.reason is TerminationReason.MAX_TURNS and finished.end.final_answer == ""  # as an agent's
+    assert [t.name for t in finished.trajectories] == ["alpha", "beta"]  # the writer never got a call
+
+
+async def test_a_teams_tool_call_budget_counts_the_calls_of_all_its_nodes(tokenizer) -> None:
+    engine = ScriptedTokenEngine(tokenizer, relay_policy)
+    swarm = relay(RLLMModel(engine))
+
+    finished = await run_team_rollout(swarm, "What do alpha and beta hold?",
+                                      recorders=record_team(swarm, budget=Budget(max_tool_calls=3)))
+
+    # alpha's lookup and hand-off, beta's lookup: the team's three; beta's hand-off is refused, the episode ends.
+    assert finished.end.reason is TerminationReason.TOOL_BUDGET
+    ran = [c.name for t in finished.trajectories for s in t.steps for c in s.tool_calls]
+    assert ran == ["lookup", "handoff_to_agent", "lookup", "handoff_to_agent"]
+    assert [t.name for t in finished.trajectories] == ["alpha", "beta"]
+
+
+async def test_evaluation_gives_a_teams_budget_to_the_whole_episode(tokenizer) -> None:
+    engine = ScriptedTokenEngine(tokenizer, relay_policy)
+    runner = AgentWorkflowEngine(
+        StrandsWorkflow, {"agent_factory": relay, "budget": Budget(max_model_turns=4),
+                          "reward_fn": lambda task, answer: float(answer == "\\boxed{7}")},
+        engine, n_parallel_tasks=1, retry_limit=1, retry_backoff=0.0, progress=False)
+
+    (episode,) = await runner.execute_tasks([{"id": "t", "question": "What do alpha and beta hold?"}], n_rollouts=1)
+
+    assert episode.termination_reason is TerminationReason.MAX_TURNS and episode.reward == 0.0
+    assert len(engine.prompts) == episode.metrics["turns"] == 4
