@@ -12,7 +12,10 @@ conversation manager rewrote, a team's nodes), so a rollout split into samples g
 than an unsplit one. A later sample whose rewritten history is still longer than ``prompt_length``
 is that rollout's context overflow (``ContextLengthExceededError``: the conversation manager may
 reduce further, else the rollout ends ``context_overflow``); only a first prompt that long is a
-configuration error.
+configuration error (``PromptTooLongError``). The engine sees sessions, not agents: in a team the
+first prompt of a node run that starts from a hand-off is refused the same way, and the team runner,
+which knows which nodes start from the task, reads it as that rollout's overflow
+(``rllm.integrations.strands.teams``).
 
 A generation verl reports ``aborted`` (a weight sync, a replica leaving) ends the call with
 ``GenerationAbortedError``, like any token engine's ``abort``. verl cannot abort one request:
@@ -83,8 +86,8 @@ class VerlEngine(TokenEngine):
             generation asks for at most what is left, and a rollout with nothing left ends with
             ``ResponseBudgetExhaustedError``. ``None``: no budget.
         prompt_length: Longest prompt of a sample (verl's ``rollout.prompt_length``): a longer first
-            prompt raises ``PromptTooLongError``, a longer rewritten history
-            ``ContextLengthExceededError``. ``None``: no limit.
+            prompt of a session raises ``PromptTooLongError`` (a team's hand-off: the team runner's
+            overflow), a longer rewritten history ``ContextLengthExceededError``. ``None``: no limit.
         server_sampling: Sampling parameters verl chose for this rollout (temperature, top_p,
             top_k, repetition_penalty, logprobs); sent on every turn, under any per-call ones.
         **kwargs: As for ``TokenEngine`` (tool_parser, context_length, chat_template_kwargs, ...).

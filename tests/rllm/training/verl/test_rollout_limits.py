@@ -110,6 +110,96 @@ async def test_every_sample_reports_the_rows_task_and_the_agents_tools_for_the_g
     assert {o.extra_fields["num_tools"] for o in await team.run(dict(SAMPLING), **row())} == {1}  # no handoff tool
 
 
+HAND_OFF = "Paris is the capital of France. " * 12
+"""What the researcher hands the writer: long enough that the writer's first prompt is longer than the researcher's."""
+
+
+def _hands_off_at_length(prompt: str) -> str:
+    """The research team's policy (``fixtures.verl_loop.team_script``) with a long hand-off message."""
+    system, turn = prompt.split("<|im_end|>", 1)[0], prompt.rsplit("<|im_start|>user", 1)[-1]
+    if "You write." in system:
+        return "It is \\boxed{Paris}."
+    if "Handing off to" in turn:
+        return "Handed off."
+    if "<tool_response>" not in turn:
+        return lookup_call("France")
+    return ('<tool_call>\n{"name": "handoff_to_agent", "arguments": {"agent_name": "writer", "message": "'
+            + HAND_OFF + '"}}\n</tool_call>')
+
+
+TEAM = {"tool_factory": None, "agent_factory": "fixtures.verl_loop:research_team"}
+
+
+async def _first_prompts(tokenizer) -> tuple[int, int]:
+    """The researcher's first prompt and the writer's (the hand-off), in tokens, with no prompt limit in the way."""
+    server = FakeServerManager(tokenizer, _hands_off_at_length)
+    loop, _ = build_loop(tokenizer, server, **TEAM)
+    outputs = await loop.run(dict(SAMPLING), **row())
+    by_node = {o.extra_fields["agent"]: len(o.prompt_ids) for o in outputs}
+    assert by_node["writer"] > by_node["researcher"]
+    return by_node["researcher"], by_node["writer"]
+
+
+async def test_a_team_nodes_hand_off_longer_than_prompt_length_ends_that_rollout_as_context_overflow(
+        tokenizer) -> None:
+    researcher, writer = await _first_prompts(tokenizer)
+    server = FakeServerManager(tokenizer, _hands_off_at_length)
+    loop, _ = build_loop(tokenizer, server, f"data.max_prompt_length={writer - 1}", **TEAM)
+
+    outputs = await loop.run(dict(SAMPLING), **row())  # the rollout ends; the run does not stop
+
+    extra = outputs[-1].extra_fields
+    assert extra["termination_reason"] == "context_overflow" and extra["infra_failure"] is False
+    assert {o.extra_fields["agent"] for o in outputs} == {"researcher"}  # the first node's trajectory, kept
+    assert len(outputs[0].prompt_ids) == researcher
+    assert [t for o in outputs for t, m in zip(o.response_ids, o.response_mask, strict=True) if m] == [
+        t for c in server.calls for t in c["token_ids"]]  # what it sampled, trained as sampled
+    entry = server.calls[0]["prompt_ids"]
+    assert all(c["prompt_ids"][:researcher] == entry for c in server.calls)  # the writer's prompt was never sent
+
+
+async def test_an_entry_nodes_first_prompt_longer_than_prompt_length_is_still_a_configuration_error(
+        tokenizer) -> None:
+    researcher, _ = await _first_prompts(tokenizer)
+    server = FakeServerManager(tokenizer, _hands_off_at_length)
+    loop, _ = build_loop(tokenizer, server, f"data.max_prompt_length={researcher - 1}", **TEAM)
+
+    with pytest.raises(PromptTooLongError, match=f"the first prompt has {researcher} tokens but rollout.prompt_length"):
+        await loop.run(dict(SAMPLING), **row())  # the task itself is too long: a data or configuration error
+    assert server.calls == []
+
+
+async def test_a_graph_nodes_input_longer_than_prompt_length_is_that_rollouts_overflow_its_entrys_is_not(
+        tokenizer) -> None:
+    def policy(prompt: str) -> str:  # the researcher reports at length; the writer answers
+        return "It is \\boxed{Paris}." if "You write." in prompt.split("<|im_end|>", 1)[0] else HAND_OFF
+
+    async def run(prompt_length: int | None) -> tuple[Any, FakeServerManager]:
+        server = FakeServerManager(tokenizer, policy)
+        model = RLLMModel(VerlEngine(server, tokenizer, prompt_length=prompt_length, server_sampling=SAMPLING))
+        builder = GraphBuilder()
+        builder.add_node(Agent(model=model, name="r", system_prompt="You research.", callback_handler=None), "research")
+        builder.add_node(Agent(model=model, name="w", system_prompt="You write.", callback_handler=None), "write")
+        builder.add_edge("research", "write")
+        builder.set_max_node_executions(2)
+        graph = builder.build()
+        return await run_team_rollout(graph, QUESTION, recorders=record_team(graph)), server
+
+    whole, _ = await run(None)
+    first, writer = (len(s["prompt_ids"]) for s in whole.samples)
+    assert whole.sample_names == ["research", "write"] and writer > first
+
+    overflowed, server = await run(writer - 1)
+    assert overflowed.end.reason is TerminationReason.CONTEXT_OVERFLOW and overflowed.end.scored
+    assert overflowed.sample_names == ["research"] and len(server.calls) == 1
+    overflowed.raise_if_unexpected()  # the rollout's outcome: nothing is raised
+
+    too_long, server = await run(first - 1)
+    assert too_long.end.reason is TerminationReason.ERROR and server.calls == []
+    with pytest.raises(PromptTooLongError):
+        too_long.raise_if_unexpected()
+
+
 async def test_a_split_rollout_that_used_up_max_response_length_is_truncated_as_an_unsplit_one(tokenizer) -> None:
     engine = VerlEngine(FakeServerManager(tokenizer, _looks_up_forever), tokenizer, response_length=120,
                         server_sampling=SAMPLING)
