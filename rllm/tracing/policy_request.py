@@ -4,13 +4,16 @@ A malformed field is a 400 naming it (never a 500 the client would retry as infr
 body past the size limit a 413 answered before it is read in full, a body that does not arrive in
 time a 408, as the retrieval server (``rag.server``) answers them. Sampling keys a client sends
 (``OpenAIModel(params={"temperature": ...})``) are not the engine's: the trainer samples, and
-rollout log-probs must come from the distribution the actor scores (``TRAINER_OWNED``).
+rollout log-probs must come from the distribution the actor scores (``TRAINER_OWNED``); ``IgnoredSampling``
+says so once, here and on ``RLLMModel`` (a factory's ``params`` in training).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, MutableMapping
+import logging
+import threading
+from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -22,6 +25,38 @@ TRAINER_OWNED = frozenset({
     "include_stop_str_in_output",
 })
 """Request keys that would change how the policy samples or renders: ignored, the trainer's settings stay."""
+
+
+def trainer_owned(params: Mapping[str, Any]) -> list[str]:
+    """The trainer-owned sampling keys ``params`` sets (``TRAINER_OWNED``; a ``None`` value sets nothing), sorted."""
+    return sorted(k for k in TRAINER_OWNED if params.get(k) is not None)
+
+
+class IgnoredSampling:
+    """The trainer-owned sampling keys a caller set, and the one warning that says they are ignored.
+
+    The policy server keeps one per server (its clients' requests), ``RLLMModel`` one per process (a
+    factory's ``params`` in training): the first keys are warned about, later ones only recorded.
+
+    Args:
+        who: What ignores them, as the warning starts ("the policy server ignores the sampling its clients send").
+    """
+
+    def __init__(self, who: str) -> None:
+        self.who = who
+        self.keys: set[str] = set()
+        self._lock = threading.Lock()
+
+    def note(self, keys: Iterable[str], log: logging.Logger) -> None:
+        """Record ``keys``; the first time any are recorded, warn on ``log`` naming them."""
+        with self._lock:
+            new = set(keys) - self.keys
+            first = bool(new) and not self.keys
+            self.keys |= new
+        if first:
+            log.warning("%s (%s): the trainer samples, and rollout log-probs must come from the distribution the actor "
+                        "scores; your factory's params stay as they are for evaluation (this warning is given once)",
+                        self.who, ", ".join(sorted(new)))
 
 _Number = Annotated[float, Field(allow_inf_nan=False)]
 _Count = Annotated[int, Field(ge=1)]
@@ -79,7 +114,7 @@ class ChatRequest(_StrictModel):
 
     def owned_by_trainer(self, sent: dict[str, Any]) -> list[str]:
         """The trainer-owned sampling keys this request sets (``sent`` is the body as received)."""
-        return sorted(k for k in TRAINER_OWNED if sent.get(k) is not None)
+        return trainer_owned(sent)
 
     def unservable(self) -> str | None:
         """Why the engine cannot honour this request at all, or ``None``."""

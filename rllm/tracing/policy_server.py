@@ -51,7 +51,7 @@ from rllm.errors import (
     InfrastructureError,
     ServerStartError,
 )
-from rllm.tracing.policy_request import BodyLimit, ChatRequest, error_response, explain, read_body
+from rllm.tracing.policy_request import BodyLimit, ChatRequest, IgnoredSampling, error_response, explain, read_body
 from rllm.tracing.records import make_trace
 from rllm.tracing.session import SESSION_HEADER
 from rllm.types import ModelOutput
@@ -152,7 +152,7 @@ class PolicyServer:
         self.request_timeout_s = request_timeout_s
         self.body_timeout_s = body_timeout_s
         self.retry_after_s = retry_after_s
-        self.ignored_sampling: set[str] = set()
+        self.ignored_sampling = IgnoredSampling("the policy server ignores the sampling its clients send")
         self._in_flight = 0
         self._sessions: dict[str, ServedSession] = {}
         self._server: uvicorn.Server | None = None
@@ -289,7 +289,7 @@ class PolicyServer:
         if served is None:
             return _error(400, f"no rollout session {session_id!r} is open on this policy server: call it with "
                                "rllm.tracing.get_chat_client_async inside the trainer's rollout")
-        self._warn_ignored(body.owned_by_trainer(sent))
+        self.ignored_sampling.note(body.owned_by_trainer(sent), logger)
         if self._in_flight >= self.max_in_flight:
             return self._failed(served, session_id, None, EngineUnavailableError(
                 f"the policy server holds {self._in_flight} calls, its limit (max_in_flight)", url=self.base_url,
@@ -299,19 +299,6 @@ class PolicyServer:
             return await self._complete(served, session_id, sent, body)
         finally:
             self._in_flight -= 1
-
-    def _warn_ignored(self, keys: list[str]) -> None:
-        """One warning per server for the sampling keys clients sent that the trainer owns."""
-        new = set(keys) - self.ignored_sampling
-        if not new:
-            return
-        first = not self.ignored_sampling
-        self.ignored_sampling |= new
-        if first:
-            logger.warning(
-                "the policy server ignores the sampling its clients send (%s): the trainer samples, and rollout "
-                "log-probs must come from the distribution the actor scores; your factory's params stay as they are "
-                "for evaluation (this warning is given once)", ", ".join(sorted(new)))
 
     async def _complete(self, served: ServedSession, session_id: str, sent: dict[str, Any],
                         body: ChatRequest) -> Response:

@@ -121,6 +121,11 @@ class VerlEngine(TokenEngine):
         self._served: list[TokenSession] = []
 
     @property
+    def trainer_sampling(self) -> dict[str, Any]:
+        """The sampling verl's trainer fixed for this rollout: ``RLLMModel`` sends none of its own over this engine."""
+        return self.server_sampling
+
+    @property
     def wants_logprobs(self) -> bool:
         """Whether the server is asked for logprobs (verl's ``rollout.calculate_log_probs``)."""
         return bool(self.server_sampling.get("logprobs", True))

@@ -31,8 +31,12 @@ from rllm.integrations.strands.run_state import (
     record_token_session,
     rollout_model_state,
 )
+from rllm.tracing.policy_request import IgnoredSampling, trainer_owned
 
 logger = logging.getLogger(__name__)
+
+_IGNORED = IgnoredSampling("RLLMModel ignores in training the sampling its params set")
+"""The trainer-owned keys of models' params seen in training: one warning a process, the policy server's words."""
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -49,6 +53,14 @@ class RLLMModel(Model):
     ``MalformedCallGuard`` on the invoking agent, and the model reads an error naming the problem.
     Strands' ``cancel_signal`` aborts the engine's request in flight (see ``stream``); an engine
     that cannot abort one says why in ``abort_unsupported``, and ``StrandsAgent.cancel`` refuses.
+
+    In training the trainer samples: over an engine whose sampling a trainer fixed (its
+    ``trainer_sampling`` is not ``None``: ``VerlEngine``, verl's sampling for the rollout), the keys of
+    ``params`` that would change how the policy samples (``TRAINER_OWNED``: temperature, top_p, top_k, ...),
+    whether a factory passed them at construction or with ``update_config``, are not sent, with one
+    warning a process naming them, as the policy server ignores an own client's; ``max_tokens`` stays a
+    cap, the smallest of the params' and the one the model was built with. Over any other engine
+    (evaluation) the params are sent as they are.
     """
 
     class RLLMConfig(TypedDict, total=False):
@@ -71,6 +83,12 @@ class RLLMModel(Model):
         self.rollout_engine = rollout_engine
         self.config: dict[str, Any] = dict(config)
         self._guard = MalformedCallGuard()
+        self._built_cap: int | None = (config.get("params") or {}).get("max_tokens")
+
+    @property
+    def trainer_samples(self) -> bool:
+        """Whether a trainer fixed the engine's sampling (its ``trainer_sampling``): then the params' do not apply."""
+        return getattr(self.rollout_engine, "trainer_sampling", None) is not None
 
     @property
     def abort_unsupported(self) -> str | None:
@@ -120,7 +138,7 @@ class RLLMModel(Model):
         """
         request_messages = format_messages(messages, system_prompt, system_prompt_content)
         tools = format_tools(tool_specs)
-        sampling = dict(self.config.get("params") or {})
+        sampling = self._sampling()
         choice = format_tool_choice(tool_choice)
         if choice is not None:
             sampling["tool_choice"] = choice
@@ -158,6 +176,21 @@ class RLLMModel(Model):
         self._guard.protect(invocation_state, output.tool_calls)
         for event in output_events(output, latency_ms):
             yield event
+
+    def _sampling(self) -> dict[str, Any]:
+        """The params a call sends: as set, or in training without the trainer's keys and ``max_tokens`` a cap."""
+        params = dict(self.config.get("params") or {})
+        if not self.trainer_samples:
+            return params
+        owned = trainer_owned(params)
+        if owned:
+            _IGNORED.note(owned, logger)
+            for key in owned:
+                del params[key]
+        caps = [int(cap) for cap in (self._built_cap, params.get("max_tokens")) if cap is not None]
+        if caps:
+            params["max_tokens"] = min(caps)
+        return params
 
     @override
     async def structured_output(

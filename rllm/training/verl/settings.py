@@ -219,8 +219,13 @@ class GuardSettings:
             (a history longer than the prompt length even after the conversation manager trimmed it; 0.5).
         max_steps_without_tool_calls: Steps in a row in which agents with tools called none before
             stopping (the tool parser, ``multi_turn.format``, never matches what the model writes; 3).
-        max_malformed_tool_call_share: Stop when at least this share of a step's tool calls were
-            malformed (1.0: every one of them).
+        max_malformed_tool_call_share: The share of a step's tool calls malformed (at least this) that
+            counts toward the malformed-call stop (1.0: every one of them); a warning at the first such step.
+        max_steps_with_malformed_tool_calls: Steps in a row at that share before stopping (3): one step's
+            malformed calls are not evidence (a random policy writes a few by chance).
+        min_tool_calls_for_malformed_stop: Fewest tool calls a step needs to count toward the malformed-call
+            stop (10): a random or barely trained policy writes a handful of malformed calls by chance (a random
+            model's smoke run: 7 at step 1), a parser that cannot read a model using its tools fails dozens a step.
         warn_on_tool_collapse: Warn when tool calls per episode fall to zero after being above it (true).
         served_weights: After every weight sync, compare what the rollout servers serve with the actor's
             parameters (``rllm.training.verl.weights.served_weights``; true).
@@ -234,6 +239,8 @@ class GuardSettings:
     max_context_overflow_share: float | None = _key(0.5, _share(_OFF))
     max_steps_without_tool_calls: int | None = _key(3, _number(low=1, whole=True, null=_OFF))
     max_malformed_tool_call_share: float | None = _key(1.0, _share(_OFF, above=True))
+    max_steps_with_malformed_tool_calls: int = _key(3, _number(low=1, whole=True))
+    min_tool_calls_for_malformed_stop: int = _key(10, _number(low=1, whole=True))
     warn_on_tool_collapse: bool = _key(True, _flag("no warning"))
     served_weights: bool = _key(True, _flag("no check"))
 

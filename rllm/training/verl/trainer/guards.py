@@ -9,10 +9,12 @@ the log-prob gap between the rollout and the actor (``max_logprob_gap``, audited
 and the row's own prompt, not every token of a system prompt a factory may vary),
 ``min_rollouts_per_group``, ``max_truncated_share``, ``max_context_overflow_share``,
 ``max_steps_without_signal`` (with a warning at the first step without a learning signal, and
-``check_run_end`` failing a run that never had one), ``max_steps_without_tool_calls`` (an agent with
-tools that never calls one: a parser that never matches the model's format; a warning at the first
-step), ``max_malformed_tool_call_share``, tool calls falling to zero (a warning), most rollouts split
-at every call (a warning), and a non-finite loss, entropy or NaN gradient norm (always).
+``check_run_end`` failing a run that never had one, or that checked no step), ``max_steps_without_tool_calls``
+(an agent with tools that never calls one: a parser that never matches the model's format; a warning at the
+first step), ``max_malformed_tool_call_share`` (over ``max_steps_with_malformed_tool_calls`` steps in a row, each
+with at least ``min_tool_calls_for_malformed_stop`` calls; a warning at the first step over the share), tool
+calls falling to zero (a warning), most rollouts split at every call (a warning), and a non-finite loss,
+entropy or NaN gradient norm (always). A stop on a run of steps names the steps and what each saw.
 ``GuardedTrainer`` (``rllm.training.verl.trainer.runner``) calls them; the table of guards, their metrics and the
 faults that show each one stopping verl's trainer is in docs/training-verl.md.
 """
@@ -189,8 +191,10 @@ def _agent_metrics(rollouts: StepRollouts) -> dict[str, float]:
         metrics[f"{PREFIX}tool_agent_calls_per_episode"] = sum(with_tools) / len(with_tools)
     all_calls = sum(calls or 0.0 for _, calls in pairs)
     if all_calls:
-        malformed = sum(c.malformed_tool_calls for c, _ in pairs)
-        metrics[f"{PREFIX}malformed_tool_call_share"] = min(malformed / all_calls, 1.0)
+        malformed = min(sum(c.malformed_tool_calls for c, _ in pairs), all_calls)
+        metrics[f"{PREFIX}tool_calls"] = all_calls
+        metrics[f"{PREFIX}malformed_tool_calls"] = malformed
+        metrics[f"{PREFIX}malformed_tool_call_share"] = malformed / all_calls
     model_calls = sum(c.model_calls for c, _ in pairs)
     if model_calls:
         metrics[f"{PREFIX}rewritten_call_share"] = sum(c.rewritten_calls for c, _ in pairs) / model_calls
@@ -209,18 +213,54 @@ def zero_advantage_share(groups: Sequence[Any], advantages: Sequence[Sequence[fl
     return sum(zero.values()) / len(zero) if zero else 0.0
 
 
+_SHOWN_STEPS = 10
+"""Most steps of a run a stop's message lists one by one (the latest; the run's length is always said)."""
+
+
+def _evidence(run: Sequence[tuple[int, str]], what: str) -> str:
+    """``run``'s steps and what each saw: ``steps 3-5: 0 of 2, 0 of 2, 0 of 2 groups ...``."""
+    steps = [step for step, _ in run]
+    consecutive = steps == list(range(steps[0], steps[0] + len(steps)))
+    named = (f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}" if consecutive
+             else "steps " + ", ".join(map(str, steps)))
+    shown = [seen for _, seen in run[-_SHOWN_STEPS:]]
+    more = "..., " if len(run) > _SHOWN_STEPS else ""
+    return f"{named}: {more}{', '.join(shown)} {what}"
+
+
 class TrainingGuards:
-    """Checks each step's metrics against ``GuardSettings``; stops with ``TrainingGuardError`` naming the step."""
+    """Checks each step's metrics against ``GuardSettings``; stops with ``TrainingGuardError`` naming the step.
+
+    The guards that stop on a run of steps (no learning signal, tools never called, malformed calls) keep
+    the run they are in, each step with what it saw, and name them in the stop's message.
+    """
 
     def __init__(self, settings: GuardSettings) -> None:
         self.settings = settings
-        self.steps_without_signal = 0
         self.steps_with_signal = 0
         self.steps_checked = 0
         self.tools_were_used = False
         self.tool_steps_checked = 0
-        self.steps_without_tool_calls = 0
         self.warned_split_every_call = False
+        self.warned_malformed = False
+        self._without_signal: list[tuple[int, str]] = []
+        self._without_tool_calls: list[tuple[int, str]] = []
+        self._malformed: list[tuple[int, str]] = []
+
+    @property
+    def steps_without_signal(self) -> int:
+        """Steps in a row, up to the last checked, in which no group's rewards varied."""
+        return len(self._without_signal)
+
+    @property
+    def steps_without_tool_calls(self) -> int:
+        """Steps in a row, up to the last checked, in which agents with tools called none."""
+        return len(self._without_tool_calls)
+
+    @property
+    def steps_with_malformed_tool_calls(self) -> int:
+        """Steps in a row, up to the last checked, that count toward the malformed-call stop."""
+        return len(self._malformed)
 
     def check(self, step: int, metrics: dict[str, Any], rollouts: StepRollouts | None = None) -> list[str]:
         """Both checks of a step (``check_update`` then ``check_rollouts``); the warnings."""
@@ -298,7 +338,9 @@ class TrainingGuards:
         if signal is not None:
             self.steps_checked += 1
             self.steps_with_signal += signal > 0
-            self.steps_without_signal = self.steps_without_signal + 1 if signal == 0 else 0
+            groups = metrics.get(f"{PREFIX}groups")
+            self._without_signal = [*self._without_signal, (step, f"0 of {groups:.0f}" if groups is not None
+                                                            else "0")] if signal == 0 else []
             if self.steps_checked == 1 and signal == 0 and s.max_steps_without_signal is not None:
                 warnings.append(f"step {step}: every group's rollouts got the same reward, so every advantage is "
                                 "zero and this step trains nothing (no learning signal); check the reward function "
@@ -307,7 +349,8 @@ class TrainingGuards:
                 raise TrainingGuardError(
                     f"step {step}: the reward was the same for every rollout of every group for "
                     f"{self.steps_without_signal} step(s) in a row: no learning signal "
-                    f"(rllm.guards.max_steps_without_signal={s.max_steps_without_signal})", step=step)
+                    f"(rllm.guards.max_steps_without_signal={s.max_steps_without_signal}); "
+                    f"{_evidence(self._without_signal, 'groups had rewards that varied')}", step=step)
         calls = metrics.get(f"{PREFIX}tool_calls_per_episode")
         if calls is not None:
             if calls > 0:
@@ -326,30 +369,27 @@ class TrainingGuards:
         return warnings
 
     def _check_tool_use(self, step: int, metrics: dict[str, Any]) -> list[str]:
-        """Raise when agents with tools never call one, or every call is malformed; warn on rewritten histories."""
+        """Raise when agents with tools never call one, or calls are malformed step after step; warn at the first."""
         s, warnings = self.settings, []
         calls = metrics.get(f"{PREFIX}tool_agent_calls_per_episode")
         limit = s.max_steps_without_tool_calls
         if calls is not None and limit is not None:
             self.tool_steps_checked += 1
-            self.steps_without_tool_calls = self.steps_without_tool_calls + 1 if calls == 0 else 0
+            rollouts = metrics.get(f"{PREFIX}tool_agent_rollouts")
+            self._without_tool_calls = [*self._without_tool_calls, (step, f"{rollouts:.0f}" if rollouts is not None
+                                                                    else "?")] if calls == 0 else []
             cause = ("the tool parser (actor_rollout_ref.rollout.multi_turn.format) does not match how the model "
                      "writes calls under its chat template, or the template does not show the model its tools")
             if self.steps_without_tool_calls >= limit:
                 raise TrainingGuardError(
                     f"step {step}: agents with tools called none in {self.steps_without_tool_calls} step(s) in a row "
                     f"(rllm.guards.max_steps_without_tool_calls={limit}): likely {cause}; the reward it gets is "
-                    "not from using its tools", step=step)
+                    f"not from using its tools; {_evidence(self._without_tool_calls, 'rollouts of agents with tools')}"
+                    " made no tool call", step=step)
             if calls == 0 and self.tool_steps_checked == 1:
                 warnings.append(f"step {step}: TOOLS NEVER CALLED: agents with tools made no tool call in any "
                                 f"episode; likely {cause}")
-        malformed = metrics.get(f"{PREFIX}malformed_tool_call_share")
-        if malformed is not None and s.max_malformed_tool_call_share is not None \
-                and malformed >= s.max_malformed_tool_call_share:
-            raise TrainingGuardError(
-                f"step {step}: {malformed:.0%} of the tool calls were malformed (rllm.guards."
-                f"max_malformed_tool_call_share={s.max_malformed_tool_call_share}): the tool parser "
-                "(actor_rollout_ref.rollout.multi_turn.format) does not read the model's calls", step=step)
+        warnings += self._check_malformed(step, metrics)
         every = metrics.get(f"{PREFIX}split_every_call_share")
         if every is not None and every > 0.5 and not self.warned_split_every_call:
             self.warned_split_every_call = True
@@ -358,10 +398,56 @@ class TrainingGuards:
                             "every turn, or a client that re-renders messages differently each time")
         return warnings
 
+    def _check_malformed(self, step: int, metrics: dict[str, Any]) -> list[str]:
+        """Raise when at least the share of the calls were malformed in enough steps in a row; warn at the first.
+
+        A step counts only with ``min_tool_calls_for_malformed_stop`` calls or more: the share of a handful
+        says little (a random policy that samples the tool-call token by chance writes a few malformed calls).
+        """
+        s, share = self.settings, metrics.get(f"{PREFIX}malformed_tool_call_share")
+        if s.max_malformed_tool_call_share is None:
+            return []
+        over = share is not None and share >= s.max_malformed_tool_call_share
+        calls, malformed = metrics.get(f"{PREFIX}tool_calls"), metrics.get(f"{PREFIX}malformed_tool_calls")
+        if not over:
+            self._malformed = []
+            return []
+        seen = f"{malformed:.0f} of {calls:.0f}" if calls is not None and malformed is not None else f"{share:.0%}"
+        enough = calls is None or calls >= s.min_tool_calls_for_malformed_stop
+        self._malformed = [*self._malformed, (step, seen)] if enough else []
+        cause = "the tool parser (actor_rollout_ref.rollout.multi_turn.format) does not read the model's calls"
+        settings = (f"rllm.guards.max_malformed_tool_call_share={s.max_malformed_tool_call_share}, "
+                    f"max_steps_with_malformed_tool_calls={s.max_steps_with_malformed_tool_calls}, "
+                    f"min_tool_calls_for_malformed_stop={s.min_tool_calls_for_malformed_stop}")
+        if self.steps_with_malformed_tool_calls >= s.max_steps_with_malformed_tool_calls:
+            raise TrainingGuardError(
+                f"step {step}: {share:.0%} of the tool calls were malformed, the share over the limit in "
+                f"{self.steps_with_malformed_tool_calls} step(s) in a row ({settings}): {cause}; "
+                f"{_evidence(self._malformed, 'tool calls malformed')}", step=step)
+        if self.warned_malformed:
+            return []
+        self.warned_malformed = True
+        counted = "" if enough else (f"; a step with fewer than {s.min_tool_calls_for_malformed_stop} calls does not "
+                                     "count toward the stop")
+        return [f"step {step}: MALFORMED TOOL CALLS: {seen} tool calls malformed; likely {cause}, or a policy that "
+                f"writes the tool-call token by chance (a random or barely trained model); the run stops after "
+                f"{s.max_steps_with_malformed_tool_calls} such step(s) in a row ({settings}){counted}"]
+
     def check_run_end(self, step: int) -> None:
-        """Raise at the end of a run in which no step had a group whose rewards varied: it learned nothing."""
-        if self.settings.max_steps_without_signal is None or not self.steps_checked or self.steps_with_signal:
+        """Raise at the end of a run in which no step had a group whose rewards varied, or no step was checked.
+
+        A run that checked no step (resumed from a checkpoint at its last step, so verl ran none) never
+        passes: it trained nothing and nothing showed it could.
+        """
+        if self.settings.max_steps_without_signal is None or self.steps_with_signal:
             return
+        if not self.steps_checked:
+            raise TrainingGuardError(
+                f"no training step ran: the run ended at step {step} with no step checked, so it trained nothing and "
+                "nothing showed a learning signal; a resumed run (trainer.resume_mode) whose checkpoint is already at "
+                "trainer.total_training_steps has nothing left to do: start a new run (another "
+                "trainer.default_local_dir, or trainer.resume_mode=disable) or raise trainer.total_training_steps "
+                "(rllm.guards.max_steps_without_signal=null turns this off)", step=step)
         raise TrainingGuardError(
             f"no learning signal: in all {self.steps_checked} step(s) every rollout of every group got the same "
             "reward, so every advantage was zero and the weights never moved; check the reward function on this "

@@ -184,10 +184,15 @@ def test_context_overflows_end_their_rollouts_and_stop_the_run_only_past_the_sha
         _only(max_context_overflow_share=0.5).check_rollouts(3, _step([1.0, 0.0]))
 
 
-def _tool_agents(calls: list[float], *, tools: int = 1, malformed: float = 0.0, **counts: float) -> dict[str, float]:
-    """A step of rollouts by agents with ``tools`` tools, each making ``calls[i]`` tool calls."""
+def _tool_agents(calls: list[float], *, tools: int = 1, malformed: float = 0.0,
+                 counts_malformed: list[float] | None = None, **counts: float) -> dict[str, float]:
+    """A step of rollouts by agents with ``tools`` tools, each making ``calls[i]`` tool calls.
+
+    Each rollout's malformed calls are ``malformed``, or ``counts_malformed[i]``.
+    """
+    each = counts_malformed or [malformed] * len(calls)
     return _step([1.0, 0.0] * (len(calls) // 2), tool_calls=calls,
-                 counts=[RolloutCounts(tools=tools, malformed_tool_calls=malformed, **counts) for _ in calls])
+                 counts=[RolloutCounts(tools=tools, malformed_tool_calls=m, **counts) for m in each])
 
 
 def test_an_agent_with_tools_that_never_calls_one_is_a_warning_then_a_stop_naming_the_parser() -> None:
@@ -209,11 +214,87 @@ def test_an_agent_with_tools_that_never_calls_one_is_a_warning_then_a_stop_namin
 
 
 def test_every_tool_call_malformed_stops_and_the_share_is_a_metric() -> None:
+    # One step of evidence and three calls stop only when the recipe asks for that (the defaults need more).
+    one_step = {"max_steps_with_malformed_tool_calls": 1, "min_tool_calls_for_malformed_stop": 1}
     half = _tool_agents([2, 2], malformed=1)
     assert half[PREFIX + "malformed_tool_call_share"] == 0.5
-    assert _only(max_malformed_tool_call_share=1.0).check_rollouts(1, half) == []
+    assert _only(max_malformed_tool_call_share=1.0, **one_step).check_rollouts(1, half) == []
     with pytest.raises(TrainingGuardError, match=r"step 2: 100% of the tool calls were malformed.*multi_turn.format"):
-        _only(max_malformed_tool_call_share=1.0).check_rollouts(2, _tool_agents([2, 1], malformed=2))
+        _only(max_malformed_tool_call_share=1.0, **one_step).check_rollouts(2, _tool_agents([2, 1], malformed=2))
+
+
+def test_a_random_models_smoke_run_with_malformed_calls_at_step_1_warns_and_trains(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Two steps of two prompts of two rollouts (the --smoke overlay); the random model writes 7 tool calls at step 1,
+    # every one malformed, and 2 readable ones at step 2: the tool guards at their defaults warn and let it train.
+    guards = _only(max_malformed_tool_call_share=1.0, max_steps_without_tool_calls=3, max_steps_without_signal=3)
+    step_1 = _tool_agents([3, 2, 1, 1], malformed=0, counts_malformed=[3, 2, 1, 1])
+    assert (step_1[PREFIX + "tool_calls"], step_1[PREFIX + "malformed_tool_calls"]) == (7, 7)
+    (warning,) = guards.check_rollouts(1, step_1)
+    assert warning.startswith("step 1: MALFORMED TOOL CALLS: 7 of 7 tool calls malformed; likely the tool parser")
+    assert "a step with fewer than 10 calls does not count toward the stop" in warning
+    assert "MALFORMED TOOL CALLS" in caplog.text
+    assert guards.check_rollouts(2, _tool_agents([1, 0, 1, 0])) == []
+    guards.check_run_end(2)  # its groups had a learning signal: the run passes
+
+
+def test_malformed_calls_stop_only_over_three_steps_in_a_row_each_with_enough_calls() -> None:
+    guards = _only(max_malformed_tool_call_share=1.0)  # the defaults: 3 steps, 10 calls each
+    (warning,) = guards.check_rollouts(1, _tool_agents([3, 3, 3, 3], counts_malformed=[3, 3, 3, 3]))
+    assert "12 of 12 tool calls malformed" in warning and "does not count" not in warning
+    assert guards.check_rollouts(2, _tool_agents([5, 5], counts_malformed=[5, 5])) == []  # warned once
+    with pytest.raises(TrainingGuardError) as caught:
+        guards.check_rollouts(3, _tool_agents([4, 4, 3, 3], counts_malformed=[4, 4, 3, 3]))
+    assert str(caught.value) == (
+        "step 3: 100% of the tool calls were malformed, the share over the limit in 3 step(s) in a row "
+        "(rllm.guards.max_malformed_tool_call_share=1.0, max_steps_with_malformed_tool_calls=3, "
+        "min_tool_calls_for_malformed_stop=10): the tool parser (actor_rollout_ref.rollout.multi_turn.format) does "
+        "not read the model's calls; steps 1-3: 12 of 12, 10 of 10, 14 of 14 tool calls malformed")
+    assert caught.value.step == 3
+
+
+@pytest.mark.parametrize("between", [
+    pytest.param(([3, 3], [3, 3]), id="a step with too few calls"),
+    pytest.param(([5, 5], [5, 4]), id="a step under the share"),
+    pytest.param(([0, 0], [0, 0]), id="a step without calls"),
+])
+def test_a_step_that_does_not_count_restarts_the_malformed_run(between: tuple[list[float], list[float]]) -> None:
+    guards = _only(max_malformed_tool_call_share=1.0, max_steps_with_malformed_tool_calls=2)
+    every = _tool_agents([5, 5], counts_malformed=[5, 5])
+    calls, malformed = between
+    guards.check_rollouts(1, every)
+    guards.check_rollouts(2, _tool_agents(calls, counts_malformed=malformed))
+    guards.check_rollouts(3, every)  # a run of one again
+    with pytest.raises(TrainingGuardError, match=r"in 2 step\(s\) in a row .*; steps 3-4: 10 of 10, 10 of 10 tool"):
+        guards.check_rollouts(4, every)
+
+
+def test_the_run_of_steps_stops_name_their_steps_and_counts() -> None:
+    guards = _only(max_steps_without_signal=3)
+    for step in (4, 5):
+        guards.check_rollouts(step, _step([0.0, 0.0, 1.0, 1.0]))
+    with pytest.raises(TrainingGuardError) as caught:
+        guards.check_rollouts(6, _step([1.0, 1.0, 0.0, 0.0, 1.0, 1.0]))
+    assert str(caught.value).endswith("(rllm.guards.max_steps_without_signal=3); steps 4-6: 0 of 2, 0 of 2, 0 of 3 "
+                                      "groups had rewards that varied")
+    guards = _only(max_steps_without_tool_calls=2)
+    guards.check_rollouts(1, _tool_agents([0, 0]))
+    with pytest.raises(TrainingGuardError) as caught:
+        guards.check_rollouts(2, _tool_agents([0, 0, 0, 0]))
+    assert str(caught.value).endswith("not from using its tools; steps 1-2: 2, 4 rollouts of agents with tools made "
+                                      "no tool call")
+
+
+def test_a_run_that_checked_no_step_fails_unless_the_signal_guard_is_off() -> None:
+    # A resumed run whose checkpoint is at its last step: verl runs no step, and the run must not pass silently.
+    with pytest.raises(TrainingGuardError, match=r"^no training step ran: the run ended at step 2 with no step "
+                                                 r"checked.*trainer.resume_mode") as caught:
+        _only(max_steps_without_signal=3).check_run_end(2)
+    assert caught.value.step == 2
+    _only().check_run_end(2)  # rllm.guards.max_steps_without_signal=null: the check is off
+    guards = _only(max_steps_without_signal=3)
+    guards.check_rollouts(1, _step([1.0, 0.0]))
+    guards.check_run_end(1)  # a step with a signal: the run passes
 
 
 def test_side_calls_discarded_answers_and_rewritten_histories_are_counted(caplog: pytest.LogCaptureFixture) -> None:
@@ -236,3 +317,14 @@ def test_the_new_guard_keys_are_read_from_the_recipe() -> None:
             settings.max_malformed_tool_call_share) == (None, 5, 0.9)
     assert GuardSettings() == GuardSettings(max_context_overflow_share=0.5, max_steps_without_tool_calls=3,
                                             max_malformed_tool_call_share=1.0)
+
+
+def test_the_malformed_stops_evidence_keys_are_read_from_the_recipe() -> None:
+    settings = GuardSettings.from_mapping({"max_steps_with_malformed_tool_calls": 5,
+                                           "min_tool_calls_for_malformed_stop": 40})
+    assert (settings.max_steps_with_malformed_tool_calls, settings.min_tool_calls_for_malformed_stop) == (5, 40)
+    assert (GuardSettings().max_steps_with_malformed_tool_calls, GuardSettings().min_tool_calls_for_malformed_stop) \
+        == (3, 10)
+    with pytest.raises(ConfigurationError, match=r"rllm.guards.max_steps_with_malformed_tool_calls=0: expected a "
+                                                 r"whole number of at least 1"):
+        GuardSettings.from_mapping({"max_steps_with_malformed_tool_calls": 0})
