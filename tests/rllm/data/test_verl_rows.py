@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 os.environ.setdefault("OTEL_SDK_DISABLED", "true")
 
 from rllm.agents.search import SEARCH_SYSTEM_PROMPT  # noqa: E402
+from rllm.errors import ConfigurationError  # noqa: E402
 from rllm.data import (  # noqa: E402
     SHIPPED_HOTPOTQA,
     hf_to_hotpotqa,  # noqa: E402
@@ -119,5 +120,6 @@ def test_reward_scores_the_final_answer_never_the_tool_output() -> None:
     assert unanswered["score"] == 0.0 and unanswered["boxed"] == 0.0
     partial = compute_score("hotpotqa", "", "Paris, France", _extra(final_answer="\\boxed{Paris}"), partial_credit=True)
     assert 0 < partial["score"] == partial["f1"] < 1 and partial["correct"] == 0.0
-    with pytest.raises(KeyError, match="final_answer"):
+    with pytest.raises(ConfigurationError, match="no 'final_answer' in its extra_info: run the row with "
+                                                 "StrandsAgentLoop"):  # the user's input: a KeyError before
         compute_score("hotpotqa", tool_output, "Paris", {"index": 0})

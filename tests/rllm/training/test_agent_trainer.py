@@ -79,8 +79,8 @@ def test_objects_defined_in_a_function_travel_pickled_and_load_in_another_proces
     assert [tool.tool_name for tool in tools] == ["capital_of"]
     assert import_object(f"{pickled}:reward_fn")(TASKS[0], "Paris") == 1.0
     # The launcher (another process) loads them, builds the agent and scores an empty answer on the first task.
-    trainer = AgentTrainer(StrandsWorkflow, {"agent_factory": local_agent, "reward_fn": local_reward}, None, TASKS,
-                           output_dir=tmp_path / "run2")
+    trainer = AgentTrainer(StrandsWorkflow, {"agent_factory": local_agent, "reward_fn": local_reward},
+                           {"data.train_batch_size": 2}, TASKS, output_dir=tmp_path / "run2")
     config = trainer.dry_run()
     assert f"{tmp_path / 'run2' / 'workflow.pkl'}:agent_factory" in config
 
