@@ -58,12 +58,14 @@ async def score_answer(reward_fn: Any, task: dict[str, Any], final_answer: str) 
 
 
 def task_name(task: Any) -> str:
-    """How an error names a task: ``task id=...`` when it has an id, else its fields."""
+    """How an error names a task: its ``id`` (a dataset row's ``extra_info.id``), else the task (200 characters)."""
     if isinstance(task, dict) and task.get("id") is not None:
         return f"task id={task['id']!r}"
-    if isinstance(task, dict):
-        return f"the task with fields {sorted(task)}"
-    return f"the task {task!r}"
+    info = task.get("extra_info") if isinstance(task, dict) else None
+    if isinstance(info, dict) and info.get("id") is not None:  # a dataset row written without a task in it
+        return f"task id={info['id']!r} (dataset row {info.get('index')})"
+    text = repr(task)
+    return f"the task {text if len(text) <= 200 else text[:200] + '...'}"
 
 
 def _is_finite_number(value: Any) -> bool:

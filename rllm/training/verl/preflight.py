@@ -431,6 +431,8 @@ def resume_step(mode: str, run_dir: str | Path, resume_from_path: str | None = N
     if mode == "auto":
         return checkpointed_step(run_dir)
     folder = Path(str(resume_from_path or ""))
+    if not folder.is_absolute():
+        folder = Path.cwd() / folder  # verl reads it against the working directory
     step = folder.name.removeprefix(CHECKPOINT_PREFIX)
     if not resume_from_path or not folder.name.startswith(CHECKPOINT_PREFIX) or not step.isdigit() \
             or not folder.is_dir():
@@ -450,10 +452,7 @@ def plan_run(config: Any, sizing: Sizing) -> RunStart:
     """
     mode = str(OmegaConf.select(config, "trainer.resume_mode", default="auto"))
     run_dir = Path(str(config.trainer.default_local_dir))
-    path = OmegaConf.select(config, "trainer.resume_from_path", default=None)
-    if mode == "resume_path" and path and not Path(str(path)).is_absolute():
-        path = str(Path.cwd() / str(path))  # verl reads it against the working directory
-    step = resume_step(mode, run_dir, path)
+    step = resume_step(mode, run_dir, OmegaConf.select(config, "trainer.resume_from_path", default=None))
     if step is not None and step >= sizing.total_steps:
         raise ConfigurationError(
             f"trainer.resume_mode={mode}: the run in {run_dir} finished at step {step} of {sizing.total_steps}; "

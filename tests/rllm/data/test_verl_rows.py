@@ -18,13 +18,13 @@ from omegaconf import OmegaConf
 os.environ.setdefault("OTEL_SDK_DISABLED", "true")
 
 from rllm.agents.search import SEARCH_SYSTEM_PROMPT  # noqa: E402
-from rllm.errors import ConfigurationError  # noqa: E402
 from rllm.data import (  # noqa: E402
     SHIPPED_HOTPOTQA,
     hf_to_hotpotqa,  # noqa: E402
     hotpotqa_paragraphs,
     load_hotpotqa,
 )
+from rllm.errors import ConfigurationError  # noqa: E402
 from rllm.offline.tiny_models import build_tiny_tokenizer  # noqa: E402
 from rllm.training.verl.reward import compute_score as _compute_score  # noqa: E402
 
@@ -110,6 +110,13 @@ def compute_score(*args: Any, **kwargs: Any) -> dict[str, float]:
 
 def _extra(**fields: Any) -> dict[str, Any]:
     return {"index": 0, "id": "q0", "final_answer": "", "infra_failure": False, "num_tool_calls": 2, **fields}
+
+
+def test_a_scorers_non_finite_score_is_refused_naming_the_task() -> None:
+    with pytest.raises(ConfigurationError, match=r"reward_kwargs.scorer=fixtures.user_agents:nan_score returned "
+                                                 r"\{'score': nan\} for task id='q0'; it returns a dict with a "
+                                                 r"finite 'score'"):
+        _compute_score("tasks", "", "Paris", _extra(final_answer="Paris"), scorer="fixtures.user_agents:nan_score")
 
 
 def test_reward_scores_the_final_answer_never_the_tool_output() -> None:
