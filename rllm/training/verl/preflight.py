@@ -300,7 +300,7 @@ def _capped(rows: int, cap: Any) -> int:
     return int(cap) if cap is not None and 0 < int(cap) < rows else rows
 
 
-def check_sizing(config: Any) -> Sizing:
+def check_sizing(config: Any, *, log: bool = True) -> Sizing:
     """Count the tasks and refuse a run that would train no step, before Ray starts; the run's ``Sizing``.
 
     verl 0.9.1's trainer (``PPOTrainerBase._init_dataloader``) loads the training rows with
@@ -319,7 +319,8 @@ def check_sizing(config: Any) -> Sizing:
     mini-batch larger than the batch only without ``use_dynamic_bsz`` (``ActorConfig.validate``); a
     mini-batch that does not divide the batch is said in a warning, since its last update then
     averages over fewer prompts. Validation needs ``data.val_files`` when it runs. Rows verl's length
-    filter (``data.filter_overlong_prompts``) drops are not counted here.
+    filter (``data.filter_overlong_prompts``) drops are not counted here. ``log``: say those notes (the
+    launch checks do; the launcher's second reading of the size before Ray does not repeat them).
     """
     data = config.data
     train = _capped(_file_rows(data.train_files, "train_files"), OmegaConf.select(data, "train_max_samples"))
@@ -333,7 +334,7 @@ def check_sizing(config: Any) -> Sizing:
             f"{train} training task(s), fewer than data.train_batch_size={batch}: verl's dataloader drops the "
             f"incomplete batch and would train no step; set data.train_batch_size<={train} (and "
             f"actor_rollout_ref.actor.ppo_mini_batch_size<=it, dividing it), or give more tasks")
-    if batch % mini:
+    if batch % mini and log:
         logger.warning("actor_rollout_ref.actor.ppo_mini_batch_size=%d does not divide data.train_batch_size=%d: "
                        "verl pads each step's last optimizer update with no-op rows, so that update averages over "
                        "%d prompt(s)", mini, batch, batch % mini if mini < batch else batch)
@@ -345,12 +346,12 @@ def check_sizing(config: Any) -> Sizing:
     if total < 1:
         raise ConfigurationError(f"trainer.total_training_steps={configured}, trainer.total_epochs={epochs}: the run "
                                  "would train no step; set both to at least 1")
-    if verl_total > total:
+    if verl_total > total and log:
         logger.warning("trainer.total_training_steps=%s is not reached: trainer.total_epochs=%d epoch(s) of %d "
                        "step(s) end the run at step %d, without the last step's checkpoint and validation; raise "
                        "trainer.total_epochs to %d", configured, epochs, steps_per_epoch, total,
                        -(-verl_total // steps_per_epoch))
-    if train % batch:
+    if train % batch and log:
         logger.info("%d training task(s) past the last whole batch of data.train_batch_size=%d are left out of "
                     "each epoch (verl's drop_last; the data order is reshuffled each epoch)", train % batch, batch)
     return Sizing(train_tasks=train, val_tasks=val, batch=batch, mini_batch=mini, rollouts=n,

@@ -11,7 +11,8 @@ verl's own ``main``, which validates it and starts the trainer.
     python -m rllm.training.verl.train [--dry-run | --print-config] [--smoke] [--cpu] [hydra overrides ...]
 
 ``--dry-run`` validates the composed config with verl's ``validate_config`` and the launch checks,
-tries the agent, its tools and its reward on the first training task (``preflight``), and prints the
+tries the agent, its tools and its reward on the first training task (``preflight``), counts the tasks
+against the batch and says the run's steps and whether it is new or resumes (``plan_launch``), and prints the
 config, resolved, without starting Ray, a GPU or the retrieval server; ``--print-config`` only prints
 it. Task files (JSON, JSONL, or parquet that is not verl rows) are written as verl rows under
 ``trainer.default_local_dir``. A real run first checks the retrieval servers the agent's tools search,
@@ -242,7 +243,7 @@ def plan_launch(config: DictConfig, *, log: bool = False) -> Any:
     """
     from rllm.training.verl.preflight import check_sizing, plan_run
 
-    sizing = check_sizing(config)
+    sizing = check_sizing(config, log=log)
     start = plan_run(config, sizing)
     if log:
         logger.info("the run: %s", sizing.describe())
