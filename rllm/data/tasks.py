@@ -26,12 +26,14 @@ def load_tasks(source: Tasks, *, name: str = "dataset") -> list[dict[str, Any]]:
 
     Args:
         source: A list (any iterable) of dicts; a path to a ``.json`` file (a list of objects), a
-            ``.jsonl`` file (one object a line) or a ``.parquet`` file (one task a row); or a
-            ``datasets.Dataset``.
+            ``.jsonl`` file (one object a line) or a ``.parquet`` file (one task a row), or a list of
+            such paths (their tasks in order, as one dataset); or a ``datasets.Dataset``.
         name: What the tasks are called in an error (``train_dataset``, ``data.train_files``).
     """
     if isinstance(source, str | Path):
         tasks = _read_file(Path(source), name)
+    elif isinstance(source, list | tuple) and source and all(_is_task_file(item) for item in source):
+        tasks = [task for item in source for task in _read_file(Path(item), name)]
     elif isinstance(source, Mapping):
         raise ConfigurationError(f"{name}: a single dict; give a list of task dicts")
     else:
@@ -53,7 +55,14 @@ def default_task_to_prompt(task: dict[str, Any]) -> str:
     for key in ("question", "prompt", "problem"):
         if isinstance(task.get(key), str):
             return task[key]
-    raise KeyError(f"task {task.get('id', '?')} has no 'question', 'prompt' or 'problem'; pass task_to_prompt")
+    raise KeyError(f"task {task.get('id', '?')} has no 'question', 'prompt' or 'problem'; pass task_to_prompt, "
+                   "a function from the task to the user message: AgentTrainer's workflow_args['task_to_prompt'], "
+                   "or the recipe's rllm.agent_loop.task_to_prompt=module:function")
+
+
+def _is_task_file(item: Any) -> bool:
+    """A path to a task file: a ``Path``, or text ending in a task file's suffix (not a task given as text)."""
+    return isinstance(item, Path) or (isinstance(item, str) and item.lower().endswith(TASK_FILE_SUFFIXES))
 
 
 def _read_file(path: Path, name: str) -> list[Any]:

@@ -76,17 +76,20 @@ def task_rows(
     *,
     task_to_prompt: Callable[[dict[str, Any]], Any] | None = None,
     agent_name: str = AGENT_NAME,
+    first_index: int = 0,
 ) -> list[dict[str, Any]]:
     """Verl rows for a user's own tasks: the user message from ``task_to_prompt``, the task whole in ``extra_info``.
 
     The prompt holds the user message only: the agent's system prompt is the factory's (or the recipe's
     ``rllm.agent_loop.system_prompt``). ``data_source`` is the task's own when it has one (verl logs
     validation per source), and ``ground_truth`` its ``answer`` as text (the reward reads the task, not it).
+    Rows are numbered (``extra_info.index``, by which verl groups and traces) from ``first_index``, so the
+    tasks of several files written one after another get ids unique across them.
     ``ConfigurationError`` names a task that is not JSON-serialisable or whose prompt is not text.
     """
     to_prompt = task_to_prompt or default_task_to_prompt
     rows = []
-    for index, task in enumerate(tasks):
+    for index, task in enumerate(tasks, start=first_index):
         try:
             question = to_prompt(task)
         except KeyError as error:

@@ -62,12 +62,15 @@ class TrainResult:
         metrics_path: The JSON-lines file verl's file logger wrote them to.
         run_dir: The run's directory (rows, recipe, objects, checkpoints, log).
         log_path: The trainer's console output.
+        resumed_from_step: The step a resumed run continued from (``AgentTrainer(resume=True)``); ``None``
+            for a new run. ``metrics`` then holds the earlier steps too.
     """
 
     metrics: list[dict[str, Any]]
     metrics_path: Path
     run_dir: Path
     log_path: Path
+    resumed_from_step: int | None = None
 
 
 class AgentTrainer:
@@ -90,6 +93,9 @@ class AgentTrainer:
         smoke: Two real steps of two prompts x two rollouts (the launcher's ``--smoke``).
         output_dir: The run's directory (verl's ``trainer.default_local_dir``); default ``runs/<experiment>``.
         recipe_base: The recipe body the run's recipe extends (shipped in ``rllm/training/verl/config``).
+        resume: ``False``: a new run (an earlier run's checkpoints in ``output_dir`` are removed when it
+            starts); ``True``: continue the run in ``output_dir`` from its last checkpoint (verl's
+            ``trainer.resume_mode=auto``; a new run when there is none, an error when it is finished).
     """
 
     def __init__(
@@ -105,6 +111,7 @@ class AgentTrainer:
         smoke: bool = False,
         output_dir: str | Path | None = None,
         recipe_base: str = "strands_base",
+        resume: bool = False,
     ) -> None:
         if backend != "verl":
             raise ConfigurationError(f"AgentTrainer: backend={backend!r}; rllm trains with verl (backend='verl')")
@@ -118,7 +125,7 @@ class AgentTrainer:
         if train_dataset is None:
             raise ConfigurationError("AgentTrainer: train_dataset is required (a list of task dicts or a task file)")
         self.train_dataset, self.val_dataset = train_dataset, val_dataset
-        self.cpu, self.smoke, self.recipe_base = cpu, smoke, recipe_base
+        self.cpu, self.smoke, self.recipe_base, self.resume = cpu, smoke, recipe_base, resume
         experiment = self.config.get("trainer.experiment_name") or "strands-agent"
         self.run_dir = Path(output_dir if output_dir is not None else Path("runs") / str(experiment)).resolve()
 
@@ -148,7 +155,10 @@ class AgentTrainer:
         max_tokens = ((args.get("model_kwargs") or {}).get("params") or {}).get("max_tokens")
         if max_tokens is not None:
             loop["max_tokens_per_turn"] = int(max_tokens)
-        trainer: dict[str, Any] = {"default_local_dir": str(self.run_dir), "logger": ["console", "file"]}
+        if to_prompt is not None:  # the rows hold its prompts already; the recipe says how they were made
+            loop["task_to_prompt"] = self._reference(to_prompt, "task_to_prompt", objects)
+        trainer: dict[str, Any] = {"default_local_dir": str(self.run_dir), "logger": ["console", "file"],
+                                   "resume_mode": "auto" if self.resume else "disable"}
         if self.val_dataset is None:
             trainer.update(val_before_train=False, test_freq=-1)
         recipe: dict[str, Any] = {
@@ -215,9 +225,14 @@ class AgentTrainer:
 
     def train(self) -> TrainResult:
         """Run verl's trainer on the tasks; its per-step metrics. ``TrainingRunError`` with the cause when it fails."""
+        from rllm.training.verl.preflight import resume_step
+
         self.write_run()
         metrics_path, log_path = self.run_dir / "metrics.jsonl", self.run_dir / "train.log"
-        metrics_path.unlink(missing_ok=True)
+        mode = str(self.config.get("trainer.resume_mode") or ("auto" if self.resume else "disable"))
+        resumed = resume_step(mode, self.run_dir, self.config.get("trainer.resume_from_path"))
+        if resumed is None:  # a resumed run's launcher keeps the earlier steps' metrics
+            metrics_path.unlink(missing_ok=True)
         command = self.command()
         logger.info("training: %s (console: %s)", " ".join(command), log_path)
         lines: list[str] = []
@@ -232,7 +247,7 @@ class AgentTrainer:
         if returncode:
             raise TrainingRunError(_failure("".join(lines), returncode) + f" (the whole log: {log_path})")
         return TrainResult(metrics=read_metrics(metrics_path), metrics_path=metrics_path, run_dir=self.run_dir,
-                           log_path=log_path)
+                           log_path=log_path, resumed_from_step=resumed)
 
 
 @dataclass

@@ -40,6 +40,7 @@ from rllm.training.verl.agent_loop import (
     row_task_or_row,
     split_prompt,
 )
+from rllm.training.verl.reward import RLLM_REWARD_PATH
 from rllm.training.verl.settings import BLOCK_KEY, REWARD_KEY, RllmSettings, read_settings
 from rllm.types import ModelOutput
 
@@ -48,7 +49,6 @@ logger = logging.getLogger(__name__)
 RLLM_KEYS = tuple(spec.name for spec in dataclasses.fields(RllmSettings))
 """The keys of the recipe's ``rllm`` block (``rllm.training.verl.settings``); any other is refused."""
 SCORER_KEY = "reward.custom_reward_function.reward_kwargs.scorer"
-RLLM_REWARD_PATH = "pkg://rllm.training.verl.reward"
 
 
 @dataclass
@@ -228,3 +228,256 @@ def check_retrieval(servers: list[tuple[str, str | None]]) -> None:
                 "`bash rag/launch_rag.sh` (or set RETRIEVAL_SERVER_URL, and RETRIEVAL_TOKEN if it needs one); "
                 "training would drop or fail every rollout") from None
         logger.info("retrieval server OK at %s (an authenticated search)", base_url)
+
+
+# ---------------------------------------------------------------- the run's size, and whether it is new
+
+
+TRACKER_FILE = "latest_checkpointed_iteration.txt"
+"""verl's tracker of the last checkpointed step, in ``trainer.default_local_dir`` (``find_latest_ckpt_path``)."""
+CHECKPOINT_PREFIX = "global_step_"
+"""verl's checkpoint folders: ``global_step_N`` in ``trainer.default_local_dir``."""
+RESUME_MODES = ("auto", "disable", "resume_path")
+"""verl 0.9.1's ``trainer.resume_mode`` values (``PPOTrainerBase._load_checkpoint``)."""
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """The run's size as verl's trainer will compute it (``PPOTrainerBase._init_dataloader`` and ``fit``).
+
+    Attributes:
+        train_tasks: Rows of every ``data.train_files`` file (capped by ``data.train_max_samples``).
+        val_tasks: Rows of every ``data.val_files`` file (capped by ``data.val_max_samples``).
+        batch: ``data.train_batch_size``, prompts per step.
+        mini_batch: ``actor_rollout_ref.actor.ppo_mini_batch_size``, prompts per optimizer update.
+        rollouts: ``actor_rollout_ref.rollout.n``, rollouts per prompt.
+        steps_per_epoch: Whole batches in the training tasks (verl drops the incomplete one).
+        total_steps: The step the run ends at: ``trainer.total_training_steps``, bounded by
+            ``trainer.total_epochs`` epochs.
+        validation: When validation runs, in words.
+    """
+
+    train_tasks: int
+    val_tasks: int
+    batch: int
+    mini_batch: int
+    rollouts: int
+    steps_per_epoch: int
+    total_steps: int
+    validation: str
+
+    def describe(self) -> str:
+        """The launch log's line."""
+        updates = -(-self.batch // self.mini_batch)
+        return (f"{self.train_tasks} training tasks, {self.val_tasks} validation tasks; data.train_batch_size="
+                f"{self.batch} prompts x rollout.n={self.rollouts} per step ({updates} optimizer update(s) of "
+                f"ppo_mini_batch_size={self.mini_batch}); {self.steps_per_epoch} steps per epoch, "
+                f"{self.total_steps} steps in all; validation: {self.validation}")
+
+
+def _file_rows(files: Any, key: str) -> int:
+    """Rows of every file of ``data.<key>`` (verl rows parquet, or a task file the launcher did not convert)."""
+    if files is None:
+        return 0
+    total = 0
+    for path in [files] if isinstance(files, str) else list(files):
+        file = Path(path)
+        if not file.is_file():
+            raise ConfigurationError(f"data.{key}: no file {file}")
+        if file.suffix.lower() == ".parquet":
+            import pyarrow.parquet as pq
+
+            total += pq.ParquetFile(file).metadata.num_rows
+        else:
+            from rllm.data.tasks import load_tasks
+
+            total += len(load_tasks(file, name=f"data.{key}"))
+    return total
+
+
+def _capped(rows: int, cap: Any) -> int:
+    """``rows`` after verl's ``max_samples`` (``RLHFDataset``: a positive cap below the rows keeps that many)."""
+    return int(cap) if cap is not None and 0 < int(cap) < rows else rows
+
+
+def check_sizing(config: Any, *, log: bool = True) -> Sizing:
+    """Count the tasks and refuse a run that would train no step, before Ray starts; the run's ``Sizing``.
+
+    verl 0.9.1's trainer (``PPOTrainerBase._init_dataloader``) loads the training rows with
+    ``drop_last=True`` and computes ``steps_per_epoch = len(train_dataset) // data.train_batch_size``;
+    with fewer tasks than one batch that is 0, the dataloader has no batch, and the run dies minutes in,
+    after Ray and the workers started, on ``ZeroDivisionError`` (``global_steps // steps_per_epoch`` in
+    ``fit``). Refused here instead, naming the numbers and the fix; the batch is not fitted to the tasks,
+    because the batch sets how many prompts each update averages over and the learning rate is tuned for
+    it: a quietly smaller batch is another experiment than the one the recipe describes. Tasks past the
+    last whole batch of an epoch are dropped by verl, as said in the log.
+
+    The total mirrors verl's too: ``trainer.total_training_steps`` when set, else ``steps_per_epoch x
+    trainer.total_epochs``; ``fit`` also stops after ``trainer.total_epochs`` epochs, so the run ends at
+    the smaller. ``ppo_mini_batch_size`` need not divide the batch: verl pads a step's rows to whole
+    mini-batches with no-op rows (``upsample_batch_to_divisible_size``: no loss), and refuses a
+    mini-batch larger than the batch only without ``use_dynamic_bsz`` (``ActorConfig.validate``); a
+    mini-batch that does not divide the batch is said in a warning, since its last update then
+    averages over fewer prompts. Validation needs ``data.val_files`` when it runs. Rows verl's length
+    filter (``data.filter_overlong_prompts``) drops are not counted here. ``log``: say those notes (the
+    launch checks do; the launcher's second reading of the size before Ray does not repeat them).
+    """
+    data = config.data
+    train = _capped(_file_rows(data.train_files, "train_files"), OmegaConf.select(data, "train_max_samples"))
+    val = _capped(_file_rows(OmegaConf.select(data, "val_files"), "val_files"),
+                  OmegaConf.select(data, "val_max_samples"))
+    batch = int(data.train_batch_size)
+    actor = config.actor_rollout_ref.actor
+    mini, n = int(actor.ppo_mini_batch_size), int(config.actor_rollout_ref.rollout.n)
+    if train < batch:
+        raise ConfigurationError(
+            f"{train} training task(s), fewer than data.train_batch_size={batch}: verl's dataloader drops the "
+            f"incomplete batch and would train no step; set data.train_batch_size<={train} (and "
+            f"actor_rollout_ref.actor.ppo_mini_batch_size<=it, dividing it), or give more tasks")
+    if batch % mini and log:
+        logger.warning("actor_rollout_ref.actor.ppo_mini_batch_size=%d does not divide data.train_batch_size=%d: "
+                       "verl pads each step's last optimizer update with no-op rows, so that update averages over "
+                       "%d prompt(s)", mini, batch, batch % mini if mini < batch else batch)
+    steps_per_epoch = train // batch
+    epochs = int(config.trainer.total_epochs)
+    configured = OmegaConf.select(config, "trainer.total_training_steps")
+    verl_total = int(configured) if configured is not None else steps_per_epoch * epochs
+    total = min(verl_total, steps_per_epoch * epochs)
+    if total < 1:
+        raise ConfigurationError(f"trainer.total_training_steps={configured}, trainer.total_epochs={epochs}: the run "
+                                 "would train no step; set both to at least 1")
+    if verl_total > total and log:
+        logger.warning("trainer.total_training_steps=%s is not reached: trainer.total_epochs=%d epoch(s) of %d "
+                       "step(s) end the run at step %d, without the last step's checkpoint and validation; raise "
+                       "trainer.total_epochs to %d", configured, epochs, steps_per_epoch, total,
+                       -(-verl_total // steps_per_epoch))
+    if train % batch and log:
+        logger.info("%d training task(s) past the last whole batch of data.train_batch_size=%d are left out of "
+                    "each epoch (verl's drop_last; the data order is reshuffled each epoch)", train % batch, batch)
+    return Sizing(train_tasks=train, val_tasks=val, batch=batch, mini_batch=mini, rollouts=n,
+                  steps_per_epoch=steps_per_epoch, total_steps=total, validation=_validation(config, val, verl_total,
+                                                                                           total))
+
+
+def _validation(config: Any, val_tasks: int, verl_total: int, total: int) -> str:
+    """When validation runs, in words; ``ConfigurationError`` when it runs without validation tasks."""
+    before = bool(OmegaConf.select(config, "trainer.val_before_train", default=True))
+    freq = int(OmegaConf.select(config, "trainer.test_freq", default=-1) or -1)
+    when = ["before training"] if before else []
+    if freq > 0:
+        when.append(f"every {freq} steps")
+        if verl_total <= total:  # verl validates at its last step, which the epochs may cut off
+            when.append(f"at the end (step {total})")
+    if not when:
+        return "off"
+    if val_tasks == 0:
+        raise ConfigurationError(f"validation runs ({', '.join(when)}) and data.val_files holds no tasks: set "
+                                 "data.val_files, or trainer.val_before_train=false and trainer.test_freq=-1")
+    return ", ".join(when) + f", on {val_tasks} tasks"
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """Whether the run is new or resumes one, from ``trainer.resume_mode`` and the run's directory.
+
+    Attributes:
+        mode: ``trainer.resume_mode``.
+        run_dir: ``trainer.default_local_dir``.
+        resume_step: The step it resumes from; ``None`` for a new run.
+        total_steps: The step it ends at (``Sizing.total_steps``).
+        earlier: An earlier run's checkpoints and tracker in ``run_dir`` that a new run removes.
+    """
+
+    mode: str
+    run_dir: Path
+    resume_step: int | None
+    total_steps: int
+    earlier: tuple[Path, ...] = ()
+
+    def describe(self) -> str:
+        """The launch log's line."""
+        if self.resume_step is not None:
+            return f"resuming from step {self.resume_step} of {self.total_steps} ({self.run_dir})"
+        if self.earlier:
+            return (f"a new run in {self.run_dir} (trainer.resume_mode={self.mode}): the earlier run's "
+                    f"{', '.join(path.name for path in self.earlier)} will be removed when it starts")
+        return f"a new run in {self.run_dir} (trainer.resume_mode={self.mode})"
+
+
+def checkpointed_step(run_dir: str | Path) -> int | None:
+    """The step of the last checkpoint in ``run_dir``, as verl's ``find_latest_ckpt_path`` finds it; else ``None``."""
+    tracker = Path(run_dir) / TRACKER_FILE
+    if not tracker.is_file():
+        return None
+    try:
+        step = int(tracker.read_text().strip())
+    except ValueError:
+        return None
+    return step if (Path(run_dir) / f"{CHECKPOINT_PREFIX}{step}").is_dir() else None
+
+
+def resume_step(mode: str, run_dir: str | Path, resume_from_path: str | None = None) -> int | None:
+    """The step a run with ``trainer.resume_mode=mode`` resumes from, as verl's ``_load_checkpoint`` reads it.
+
+    ``disable``: none; ``auto``: the run directory's last checkpoint, if any; ``resume_path``: the
+    ``global_step_N`` folder ``trainer.resume_from_path`` names. ``ConfigurationError`` for another mode,
+    or a ``resume_from_path`` that is not an existing ``global_step_N`` folder.
+    """
+    if mode not in RESUME_MODES:
+        raise ConfigurationError(f"trainer.resume_mode={mode}: verl takes {', '.join(RESUME_MODES)} (disable: a new "
+                                 "run; auto: resume the run directory's last checkpoint; resume_path: resume "
+                                 "trainer.resume_from_path)")
+    if mode == "disable":
+        return None
+    if mode == "auto":
+        return checkpointed_step(run_dir)
+    folder = Path(str(resume_from_path or ""))
+    if not folder.is_absolute():
+        folder = Path.cwd() / folder  # verl reads it against the working directory
+    step = folder.name.removeprefix(CHECKPOINT_PREFIX)
+    if not resume_from_path or not folder.name.startswith(CHECKPOINT_PREFIX) or not step.isdigit() \
+            or not folder.is_dir():
+        raise ConfigurationError(f"trainer.resume_mode=resume_path with trainer.resume_from_path={resume_from_path}: "
+                                 f"name an existing checkpoint folder, {CHECKPOINT_PREFIX}N of an earlier run")
+    return int(step)
+
+
+def plan_run(config: Any, sizing: Sizing) -> RunStart:
+    """New run or resumed one; ``ConfigurationError`` for a resume with nothing left to train.
+
+    verl's own default, ``trainer.resume_mode=auto``, resumes whatever run the directory holds, so a
+    second ``train()`` of a finished run loaded its last checkpoint, trained no step and passed. The
+    recipes set ``disable`` (a new run; ``AgentTrainer(resume=False)``), and a new run removes an earlier
+    run's checkpoints and tracker before it starts (``clear_earlier_run``), so it can neither resume nor
+    mix with them. A resume says the step it resumes from; one at or past the run's last step is refused.
+    """
+    mode = str(OmegaConf.select(config, "trainer.resume_mode", default="auto"))
+    run_dir = Path(str(config.trainer.default_local_dir))
+    step = resume_step(mode, run_dir, OmegaConf.select(config, "trainer.resume_from_path", default=None))
+    if step is not None and step >= sizing.total_steps:
+        raise ConfigurationError(
+            f"trainer.resume_mode={mode}: the run in {run_dir} finished at step {step} of {sizing.total_steps}; "
+            f"nothing is left to train. To train more, raise trainer.total_training_steps (or trainer.total_epochs) "
+            f"above {step} and resume, or start a new run (trainer.resume_mode=disable, AgentTrainer(resume=False)), "
+            "which removes this run's checkpoints")
+    earlier: tuple[Path, ...] = ()
+    if mode == "disable" and run_dir.is_dir():
+        found = sorted(p for p in run_dir.glob(f"{CHECKPOINT_PREFIX}*") if p.is_dir())
+        earlier = tuple(found) + ((run_dir / TRACKER_FILE,) if (run_dir / TRACKER_FILE).is_file() else ())
+    return RunStart(mode=mode, run_dir=run_dir, resume_step=step, total_steps=sizing.total_steps, earlier=earlier)
+
+
+def clear_earlier_run(start: RunStart) -> None:
+    """Remove an earlier run's checkpoints and tracker from a new run's directory, saying which (one log line)."""
+    if start.resume_step is not None or not start.earlier:
+        return
+    import shutil
+
+    for path in start.earlier:
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+    logger.info("a new run in %s: removed the earlier run's %s (trainer.resume_mode=%s; resume it with "
+                "trainer.resume_mode=auto, AgentTrainer(resume=True))", start.run_dir,
+                ", ".join(path.name for path in start.earlier), start.mode)

@@ -13,15 +13,20 @@ merges the loop's ``extra_fields`` into ``extra_info``), never parsed out of tha
 from __future__ import annotations
 
 import logging
+import math
+import numbers
 from typing import Any
 
 from rllm.errors import ConfigurationError
+from rllm.rewards.base import task_name
 from rllm.training.verl._dotted import import_object
 
 REWARD_FIELD = "rllm_reward"
 """The ``extra_fields`` entry where ``StrandsAgentLoop`` puts its score with ``rllm.reward_fn``."""
 CORRECT_FIELD = "rllm_is_correct"
 """The ``extra_fields`` entry where it puts whether that score counts as correct."""
+RLLM_REWARD_PATH = "pkg://rllm.training.verl.reward"
+"""How a recipe names this reward function (``reward.custom_reward_function.path``)."""
 
 logger = logging.getLogger(__name__)
 
@@ -51,9 +56,11 @@ def compute_score(
     """
     info = extra_info or {}
     if "final_answer" not in info:
-        raise KeyError(
-            "extra_info has no 'final_answer': this reward scores rollouts of "
-            "rllm.training.verl.agent_loop.StrandsAgentLoop (set agent_name / default_agent_loop)"
+        raise ConfigurationError(
+            f"reward.custom_reward_function.path={RLLM_REWARD_PATH} scores rollouts of "
+            "rllm.training.verl.agent_loop.StrandsAgentLoop, and this row's rollout has no 'final_answer' in its "
+            "extra_info: run the row with StrandsAgentLoop (the row's agent_name, or "
+            "actor_rollout_ref.rollout.agent.default_agent_loop=strands_agent), or name another reward function"
         )
     tool_calls = float(info.get("num_tool_calls") or 0)
     if REWARD_FIELD in info:  # scored by the loop with the workflow's reward function
@@ -64,7 +71,12 @@ def compute_score(
                                  "(task, final_answer)) or reward.custom_reward_function.reward_kwargs.scorer")
     score = import_object(scorer)
     task = {"id": info.get("id"), "answer": _plain(ground_truth)}
-    return {**score(task, info["final_answer"], **scorer_kwargs), "tool_calls": tool_calls}
+    scored = score(task, info["final_answer"], **scorer_kwargs)
+    value = scored.get("score") if isinstance(scored, dict) else None
+    if not (isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)):
+        raise ConfigurationError(f"reward.custom_reward_function.reward_kwargs.scorer={scorer} returned "
+                                 f"{scored!r} for {task_name(task)}; it returns a dict with a finite 'score'")
+    return {**scored, "tool_calls": tool_calls}
 
 
 def _plain(value: Any) -> Any:

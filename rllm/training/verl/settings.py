@@ -271,6 +271,10 @@ class AgentLoopBlock:
         max_tokens_per_turn: Most tokens one model call may sample (null: what is left of
             ``data.max_response_length``).
         own_client: The factory's agent keeps its own OpenAI client, served the policy over HTTP (false).
+        task_to_prompt: ``module:function`` taking a task dict and returning the user message, as
+            ``AgentTrainer``'s ``workflow_args["task_to_prompt"]``: the launcher writes task files
+            (``data.train_files``, ``data.val_files``) as rows with it (null: the task's ``question``,
+            ``prompt`` or ``problem``). Rows given as verl rows already hold their prompt.
     """
 
     tool_factory: str | None = _key(None, _path("a function returning the agent's Strands tools", "none"))
@@ -282,6 +286,8 @@ class AgentLoopBlock:
     infra_exceptions: tuple[str, ...] = _key((), _paths("exception classes"))
     max_tokens_per_turn: int | None = _key(None, _number(low=1, whole=True, null="what is left of the response"))
     own_client: bool = _key(False, _flag("false"))
+    task_to_prompt: str | None = _key(None, _path("a function (task) returning the user message",
+                                                  "the task's question, prompt or problem"))
 
 
 @dataclass(frozen=True)

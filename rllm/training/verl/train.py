@@ -11,7 +11,8 @@ verl's own ``main``, which validates it and starts the trainer.
     python -m rllm.training.verl.train [--dry-run | --print-config] [--smoke] [--cpu] [hydra overrides ...]
 
 ``--dry-run`` validates the composed config with verl's ``validate_config`` and the launch checks,
-tries the agent, its tools and its reward on the first training task (``preflight``), and prints the
+tries the agent, its tools and its reward on the first training task (``preflight``), counts the tasks
+against the batch and says the run's steps and whether it is new or resumes (``plan_launch``), and prints the
 config, resolved, without starting Ray, a GPU or the retrieval server; ``--print-config`` only prints
 it. Task files (JSON, JSONL, or parquet that is not verl rows) are written as verl rows under
 ``trainer.default_local_dir``. A real run first checks the retrieval servers the agent's tools search,
@@ -33,6 +34,7 @@ import importlib.resources
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -86,12 +88,13 @@ def prepare_config(config: DictConfig) -> DictConfig:
 
     A value of the ``rllm:`` block that its reader refuses (``rllm.training.verl.settings``) stops here,
     before anything starts. Data files are relative to the working directory; the agent-loop registry to
-    the working directory, else the shipped recipes' directory.
+    the working directory, else the shipped recipes' directory. Task files become verl rows (``_rows_files``).
     """
     from rllm.training.verl.settings import read_settings
 
     OmegaConf.resolve(config)
-    read_settings(config)
+    settings = read_settings(config)
+    to_prompt = _task_to_prompt(settings.agent_loop.task_to_prompt if settings.agent_loop else None)
     cwd = Path.cwd()
     with open_dict(config):
         agent = config.actor_rollout_ref.rollout.agent
@@ -104,35 +107,92 @@ def prepare_config(config: DictConfig) -> DictConfig:
             if files is None:
                 continue
             if isinstance(files, str):
-                config.data[key] = _rows_file(_absolute(files, cwd), run_dir, key)
+                config.data[key] = _rows_files([_absolute(files, cwd)], run_dir, key, to_prompt)[0]
             else:
-                config.data[key] = [_rows_file(_absolute(f, cwd), run_dir, f"{key}_{i}") for i, f in enumerate(files)]
+                config.data[key] = _rows_files([_absolute(f, cwd) for f in files], run_dir, key, to_prompt)
     return config
 
 
-def _rows_file(path: str, run_dir: Path, name: str) -> str:
+def _task_to_prompt(path: str | None) -> Any:
+    """The recipe's ``rllm.agent_loop.task_to_prompt`` function (``None``: the task's question)."""
+    if path is None:
+        return None
+    from rllm.training.verl._dotted import import_object
+
+    key = "rllm.agent_loop.task_to_prompt"
+    try:
+        function = import_object(path)
+    except (ImportError, ConfigurationError) as error:
+        raise ConfigurationError(f"{key}={path}: {error}") from None
+    if not callable(function):
+        raise ConfigurationError(f"{key}={path} is a {type(function).__name__}, not a function (task) -> user message")
+    return function
+
+
+def _rows_files(paths: list[str], run_dir: Path, key: str, task_to_prompt: Any = None) -> list[str]:
+    """Each of ``paths`` (the files of ``data.<key>``) as verl rows, with row ids unique across the files.
+
+    verl groups and traces rollouts by ``extra_info.index`` over the whole dataset it concatenates from
+    the files, so two files numbered from 0 each would put two tasks in one group (the group audit stops
+    the run). A task file is written as rows (``_rows_file``) numbered after the rows before it. Rows
+    files given as they are (written by the user's own script) whose ids collide are refused naming both
+    files, not renumbered: those ids are the user's, the ones they find their rollouts and traces by, and
+    a copy renumbered under the run's directory would show them other ones; the fix is one line of
+    their script.
+    """
+    written: list[str] = []
+    owner: dict[int, str] = {}  # row id -> the file that holds it (only when there are several files)
+    next_index = 0
+    for i, path in enumerate(paths):
+        name = key if len(paths) == 1 else f"{key}_{i}"
+        rows_path, indices = _rows_file(path, run_dir, name, task_to_prompt, next_index, ids=len(paths) > 1)
+        written.append(rows_path)
+        for index in indices:
+            if index in owner and owner[index] != path:
+                raise ConfigurationError(f"data.{key}: {owner[index]} and {path} both hold the row with "
+                                         f"extra_info.index={index}; verl groups rollouts by it, so two tasks "
+                                         "would share a group: number the rows of each file after the last of "
+                                         "the file before it")
+            owner[index] = path
+        next_index = max([next_index - 1, *indices]) + 1
+    return written
+
+
+def _row_ids(file: Path) -> list[int]:
+    """The ``extra_info.index`` of every row of a verl rows file (rows without one are left out)."""
+    import pyarrow.parquet as pq
+
+    infos = pq.read_table(file, columns=["extra_info"]).column("extra_info").to_pylist()
+    return [int(info["index"]) for info in infos if isinstance(info, dict) and info.get("index") is not None]
+
+
+def _rows_file(path: str, run_dir: Path, name: str, task_to_prompt: Any = None, first_index: int = 0, *,
+               ids: bool = False) -> tuple[str, list[int]]:
     """``path`` when it holds verl rows (or does not exist yet: verl says so); else its tasks written as rows.
 
     A task file (``.json``, ``.jsonl``, or parquet without verl's row columns) is written as verl rows
-    (``rllm.data.verl_rows.task_rows``, the user message from the task's ``question``/``prompt``/``problem``)
-    under the run's directory, and that file replaces it in the config.
+    (``rllm.data.verl_rows.task_rows``, the user message from ``task_to_prompt``, default the task's
+    ``question``/``prompt``/``problem``), numbered from ``first_index``, under the run's directory, and that
+    file replaces it in the config. Also returns the rows' ids: those written, or with ``ids`` a rows
+    file's own.
     """
     from rllm.data.tasks import load_tasks
     from rllm.data.verl_rows import is_verl_rows, task_rows, write_parquet
 
     file = Path(path)
     if not file.is_file():
-        return path
+        return path, []
     if file.suffix.lower() == ".parquet":
         import pyarrow.parquet as pq
 
         if is_verl_rows(pq.read_schema(file).names):
-            return path
+            return path, _row_ids(file) if ids else []
     split = "validation" if name.startswith("val") else "train"
-    rows = task_rows(load_tasks(file, name=f"data.{name}"), split)
+    rows = task_rows(load_tasks(file, name=f"data.{name}"), split, task_to_prompt=task_to_prompt,
+                     first_index=first_index)
     written = write_parquet(rows, run_dir / "data" / f"{name}.parquet")
     logger.info("data.%s: %d tasks of %s written as verl rows to %s", name, len(rows), file, written)
-    return str(written)
+    return str(written), [row["extra_info"]["index"] for row in rows]
 
 
 def check_launch(config: DictConfig) -> Any:
@@ -169,7 +229,26 @@ def check_launch(config: DictConfig) -> Any:
         check_served_weights(config)
     if cpu_mode():
         check_precision(config)
-    return check_agent_loops(config)
+    checked = check_agent_loops(config)
+    plan_launch(config, log=True)
+    return checked
+
+
+def plan_launch(config: DictConfig, *, log: bool = False) -> Any:
+    """The run's size and start (``preflight.check_sizing``, ``preflight.plan_run``), refused before Ray when wrong.
+
+    With ``log``, the launch log's two lines: tasks, batch, steps per epoch, total steps and when
+    validation runs; then whether the run is new or resumes (``resuming from step N of M``).
+    Returns the ``RunStart``.
+    """
+    from rllm.training.verl.preflight import check_sizing, plan_run
+
+    sizing = check_sizing(config, log=log)
+    start = plan_run(config, sizing)
+    if log:
+        logger.info("the run: %s", sizing.describe())
+        logger.info("%s", start.describe())
+    return start
 
 
 def check_agent_loops(config: DictConfig) -> Any:
@@ -295,6 +374,7 @@ def _run(config: DictConfig, dry_run: bool, print_only: bool = False) -> None:
     from verl.trainer.main_ppo import run_ppo
     from verl.utils.device import auto_set_device
 
+    from rllm.training.verl.preflight import check_retrieval, clear_earlier_run
     from rllm.training.verl.secrets import share_secrets
     from rllm.training.verl.trainer.runner import GuardedTaskRunner
 
@@ -302,18 +382,42 @@ def _run(config: DictConfig, dry_run: bool, print_only: bool = False) -> None:
     auto_set_device(config)
     checked = validate(config)
     if checked is not None:  # the retrieval servers the agent's tools search, only those
-        from rllm.training.verl.preflight import check_retrieval
-
         check_retrieval(checked.retrieval)
+    start = plan_launch(config)
+    clear_earlier_run(start)  # a new run: the earlier run's checkpoints, which verl would resume or mix with
     # verl's file logger (trainer.logger: file) writes the run's metrics into its directory unless told otherwise.
     os.environ.setdefault("VERL_FILE_LOGGER_PATH", str(Path(config.trainer.default_local_dir) / "metrics.jsonl"))
     if not ray.is_initialized():
         start_ray(config)
     secrets = share_secrets()  # the retrieval token, for the rollout workers; held until the run ends
     try:
-        run_ppo(config, task_runner_class=GuardedTaskRunner)
+        with _earlier_metrics_kept(Path(os.environ["VERL_FILE_LOGGER_PATH"]), start.resume_step):
+            run_ppo(config, task_runner_class=GuardedTaskRunner)
     finally:
         del secrets
+
+
+@contextlib.contextmanager
+def _earlier_metrics_kept(path: Path, resume_step: int | None) -> Iterator[None]:
+    """A resumed run's metrics file holds the earlier steps too (up to ``resume_step``), then the new ones.
+
+    verl's file logger opens its file for writing, so a resumed run would start it empty; the earlier
+    run's lines up to the step it resumes from are put back in front of what the resumed run wrote.
+    """
+    earlier: list[str] = []
+    if resume_step is not None and path.is_file():
+        import json
+
+        for line in path.read_text(encoding="utf-8").splitlines():
+            with contextlib.suppress(ValueError):
+                if line.strip() and int(json.loads(line).get("step", resume_step + 1)) <= resume_step:
+                    earlier.append(line)
+    try:
+        yield
+    finally:
+        if earlier:
+            written = path.read_text(encoding="utf-8") if path.is_file() else ""
+            path.write_text("\n".join(earlier) + "\n" + written, encoding="utf-8")
 
 
 USAGE = f"""usage: python -m rllm.training.verl.train [{DRY_RUN_FLAG} | {PRINT_FLAG}] [{SMOKE_FLAG}] [{CPU_FLAG}]

@@ -65,3 +65,21 @@ def test_a_task_without_a_question_or_not_json_is_refused_naming_the_task() -> N
         task_rows([TASKS[0], {"id": "b", "capital": "Lima"}], "train")
     with pytest.raises(ConfigurationError, match="train task 0 is not JSON-serialisable"):
         task_rows([{"question": "q", "when": object()}], "train")
+
+
+def test_a_list_of_task_files_is_one_dataset_whose_rows_are_numbered_across_the_files(tmp_path: Path) -> None:
+    forms = _forms(tmp_path)
+    tasks = load_tasks([forms["jsonl"], forms["parquet"]], name="train_dataset")
+    assert tasks == TASKS + TASKS  # the files' tasks in order
+    assert [row["extra_info"]["index"] for row in task_rows(tasks, "train")] == [0, 1, 2, 3]
+    # A file written after others starts after them: verl groups rollouts by this index over all its files.
+    assert [row["extra_info"]["index"] for row in task_rows(TASKS, "train", first_index=2)] == [2, 3]
+    with pytest.raises(ConfigurationError, match="no file .*missing.json"):
+        load_tasks([forms["json"], tmp_path / "missing.json"], name="train_dataset")
+
+
+def test_the_refusal_of_a_task_without_a_question_names_the_keys_that_fix_it() -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        task_rows([{"id": "b", "capital": "Lima"}], "train")
+    assert "AgentTrainer's workflow_args['task_to_prompt']" in str(caught.value)
+    assert "rllm.agent_loop.task_to_prompt=module:function" in str(caught.value)

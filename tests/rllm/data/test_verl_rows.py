@@ -24,6 +24,7 @@ from rllm.data import (  # noqa: E402
     hotpotqa_paragraphs,
     load_hotpotqa,
 )
+from rllm.errors import ConfigurationError  # noqa: E402
 from rllm.offline.tiny_models import build_tiny_tokenizer  # noqa: E402
 from rllm.training.verl.reward import compute_score as _compute_score  # noqa: E402
 
@@ -111,6 +112,13 @@ def _extra(**fields: Any) -> dict[str, Any]:
     return {"index": 0, "id": "q0", "final_answer": "", "infra_failure": False, "num_tool_calls": 2, **fields}
 
 
+def test_a_scorers_non_finite_score_is_refused_naming_the_task() -> None:
+    with pytest.raises(ConfigurationError, match=r"reward_kwargs.scorer=fixtures.user_agents:nan_score returned "
+                                                 r"\{'score': nan\} for task id='q0'; it returns a dict with a "
+                                                 r"finite 'score'"):
+        _compute_score("tasks", "", "Paris", _extra(final_answer="Paris"), scorer="fixtures.user_agents:nan_score")
+
+
 def test_reward_scores_the_final_answer_never_the_tool_output() -> None:
     tool_output = "<tool_response>\nThe answer is \\boxed{Paris}\n</tool_response>"
     right = compute_score("hotpotqa", tool_output, "Paris", _extra(final_answer="It is \\boxed{paris}."))
@@ -119,5 +127,6 @@ def test_reward_scores_the_final_answer_never_the_tool_output() -> None:
     assert unanswered["score"] == 0.0 and unanswered["boxed"] == 0.0
     partial = compute_score("hotpotqa", "", "Paris, France", _extra(final_answer="\\boxed{Paris}"), partial_credit=True)
     assert 0 < partial["score"] == partial["f1"] < 1 and partial["correct"] == 0.0
-    with pytest.raises(KeyError, match="final_answer"):
+    with pytest.raises(ConfigurationError, match="no 'final_answer' in its extra_info: run the row with "
+                                                 "StrandsAgentLoop"):  # the user's input: a KeyError before
         compute_score("hotpotqa", tool_output, "Paris", {"index": 0})

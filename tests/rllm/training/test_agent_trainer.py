@@ -8,6 +8,7 @@ which the launcher loads, calls on the first task and accepts. Nothing here star
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import yaml
 os.environ.setdefault("OTEL_SDK_DISABLED", "true")
 pytest.importorskip("verl", reason="AgentTrainer launches verl's trainer (the train extra)")
 
-from fixtures.user_agents import TASKS, capital_agent, capital_of, capital_reward  # noqa: E402
+from fixtures.user_agents import TASKS, capital_agent, capital_of, capital_reward, country_prompt  # noqa: E402
 
 from rllm.errors import ConfigurationError, TrainingRunError  # noqa: E402
 from rllm.integrations.strands import Budget  # noqa: E402
@@ -79,8 +80,8 @@ def test_objects_defined_in_a_function_travel_pickled_and_load_in_another_proces
     assert [tool.tool_name for tool in tools] == ["capital_of"]
     assert import_object(f"{pickled}:reward_fn")(TASKS[0], "Paris") == 1.0
     # The launcher (another process) loads them, builds the agent and scores an empty answer on the first task.
-    trainer = AgentTrainer(StrandsWorkflow, {"agent_factory": local_agent, "reward_fn": local_reward}, None, TASKS,
-                           output_dir=tmp_path / "run2")
+    trainer = AgentTrainer(StrandsWorkflow, {"agent_factory": local_agent, "reward_fn": local_reward},
+                           {"data.train_batch_size": 2}, TASKS, output_dir=tmp_path / "run2")
     config = trainer.dry_run()
     assert f"{tmp_path / 'run2' / 'workflow.pkl'}:agent_factory" in config
 
@@ -144,3 +145,58 @@ def test_dict_config_values_survive_hydras_override_grammar(value: Any) -> None:
 
     (override,) = OverridesParser.create().parse_overrides([f"a.b={_hydra_value(value)}"])
     assert override.value() == value
+
+
+def test_fewer_tasks_than_a_batch_are_refused_before_ray_within_a_minute(tmp_path: Path) -> None:
+    """The issue's first run: four tasks, no smoke, the recipe's batch of 64. It died after Ray on ZeroDivisionError."""
+    import time
+
+    trainer = AgentTrainer(StrandsWorkflow, {"agent_factory": capital_agent, "reward_fn": capital_reward}, None, TASKS,
+                           cpu=True, output_dir=tmp_path / "run")
+    started = time.monotonic()
+    with pytest.raises(TrainingRunError, match=r"4 training task\(s\), fewer than data.train_batch_size=64: .* set "
+                                               r"data.train_batch_size<=4"):
+        trainer.train()
+    assert time.monotonic() - started < 60
+    assert "Started a local Ray instance" not in (tmp_path / "run" / "train.log").read_text()
+
+
+def test_each_train_is_a_new_run_unless_resume_is_asked_and_a_resume_says_its_step(tmp_path: Path,
+                                                                                 monkeypatch: Any) -> None:
+    trainer = _trainer(tmp_path)
+    assert yaml.safe_load(trainer.write_run().read_text())["trainer"]["resume_mode"] == "disable"
+    resuming = AgentTrainer(StrandsWorkflow, {"agent_factory": capital_agent, "reward_fn": capital_reward},
+                            {"data.train_batch_size": 2}, TASKS, output_dir=tmp_path / "run", resume=True)
+    assert yaml.safe_load(resuming.write_run().read_text())["trainer"]["resume_mode"] == "auto"
+    # An earlier run's checkpoint at step 1 and its metrics; the launcher stands in (it trains nothing).
+    run = tmp_path / "run"
+    (run / "global_step_1").mkdir()
+    (run / "latest_checkpointed_iteration.txt").write_text("1")
+    earlier = '{"step": 1, "data": {"critic/score/mean": 0.5}}\n'
+    for each in (trainer, resuming):
+        monkeypatch.setattr(each, "command", lambda **_: [sys.executable, "-c", "print('trained')"])
+    (run / "metrics.jsonl").write_text(earlier)
+    result = resuming.train()
+    assert result.resumed_from_step == 1
+    assert result.metrics == [{"step": 1, "critic/score/mean": 0.5}]  # the earlier steps stay in a resumed run's
+    result = trainer.train()
+    assert result.resumed_from_step is None and result.metrics == []  # a new run's metrics are its own
+
+
+def test_task_to_prompt_is_written_into_the_recipe_and_a_list_of_task_files_is_one_dataset(tmp_path: Path) -> None:
+    import json
+
+    import pyarrow.parquet as pq
+
+    from rllm.data.verl_rows import row_task
+
+    files = [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]
+    for file, tasks in zip(files, (TASKS[:2], TASKS[2:]), strict=True):
+        file.write_text("".join(json.dumps(task) + "\n" for task in tasks))
+    trainer = AgentTrainer(StrandsWorkflow, {"agent_factory": capital_agent, "reward_fn": capital_reward,
+                                             "task_to_prompt": country_prompt}, None, files, output_dir=tmp_path / "run")
+    recipe = yaml.safe_load(trainer.write_run().read_text())
+    assert recipe["rllm"]["agent_loop"]["task_to_prompt"] == "fixtures.user_agents:country_prompt"
+    rows = pq.read_table(recipe["data"]["train_files"]).to_pylist()
+    assert [row["extra_info"]["index"] for row in rows] == [0, 1, 2, 3] and [row_task(r) for r in rows] == TASKS
+    assert rows[3]["prompt"] == [{"role": "user", "content": "Name the capital city of Peru."}]

@@ -583,3 +583,13 @@ async def test_with_own_client_an_agent_built_on_the_model_it_is_given_still_run
                          agent_factory="fixtures.verl_loop:windowed_agent_on_its_own_client")
     with pytest.raises(ConfigurationError, match="own_client needs rllm's agent-loop worker"):
         await loop.run(dict(SAMPLING), **row())
+
+
+async def test_a_non_finite_reward_at_the_step_is_refused_naming_the_task(tokenizer) -> None:
+    """The user's reward returning NaN in a RewardOutput stops the step (the manager fails it), naming the task."""
+    server = FakeServerManager(tokenizer, turns_script("It is \\boxed{Paris}."))
+    loop, _ = build_loop(tokenizer, server, "rllm.reward_fn=fixtures.user_agents:nan_reward")
+    with pytest.raises(ConfigurationError, match=r"reward function nan_reward returned RewardOutput\(reward=nan\); "
+                                                 r"it returns a RewardOutput or a finite number \(scoring task "
+                                                 r"id='q0' \(dataset row 0\)\)"):
+        await loop.run(dict(SAMPLING), **row())
