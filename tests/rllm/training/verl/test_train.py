@@ -47,6 +47,8 @@ ADDED_KEYS = {
     "rllm.guards.max_context_overflow_share": "rllm.training.verl.settings.GuardSettings",
     "rllm.guards.max_steps_without_tool_calls": "rllm.training.verl.settings.GuardSettings",
     "rllm.guards.max_malformed_tool_call_share": "rllm.training.verl.settings.GuardSettings",
+    "rllm.guards.max_steps_with_malformed_tool_calls": "rllm.training.verl.settings.GuardSettings",
+    "rllm.guards.min_tool_calls_for_malformed_stop": "rllm.training.verl.settings.GuardSettings",
     "rllm.guards.warn_on_tool_collapse": "rllm.training.verl.settings.GuardSettings",
     "rllm.guards.served_weights": "rllm.training.verl.settings.GuardSettings, runner, check_launch",
     "ray_kwargs.ray_init.runtime_env.env_vars.VLLM_ALLOW_INSECURE_SERIALIZATION":
@@ -61,6 +63,7 @@ ADDED_KEYS = {
     "rllm.agent_loop.infra_exceptions": "rllm.training.verl.settings.loop_settings",
     "rllm.agent_loop.max_tokens_per_turn": "rllm.training.verl.settings.loop_settings",
     "rllm.agent_loop.own_client": "rllm.training.verl.settings.loop_settings",
+    "rllm.agent_loop.task_to_prompt": "rllm.training.verl.settings.loop_settings, the launcher's task rows",
     "rllm.reward_fn": "rllm.training.verl.settings.loop_settings (StrandsAgentLoop scores with it), preflight",
     "actor_rollout_ref.rollout.agent.agent_loop_manager_class": "verl.trainer.main_ppo TaskRunnerV1 (RolloutConfig)",
     "data.apply_chat_template_kwargs.enable_thinking": "chat template (RLHFDataset, StrandsAgentLoop)",
