@@ -105,7 +105,7 @@ def plot_learning_curve(history: Sequence[dict[str, Any]], path: Path, title: st
     if rewards and all(0.0 <= value <= 1.0 for value in rewards):
         reward_ax.set_ylim(-0.02, 1.02)
     if train or held:
-        reward_ax.legend(loc="lower right")
+        reward_ax.legend(loc="best")
     tools = series("tool_calls", "eval_tool_calls")
     if tools:
         tool_ax.plot(*zip(*tools, strict=True), marker=".", color="tab:green")

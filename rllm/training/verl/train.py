@@ -324,7 +324,7 @@ def _run(config: DictConfig, dry_run: bool, print_only: bool = False) -> None:
         draw_run_curve(run_dir, Path(os.environ["VERL_FILE_LOGGER_PATH"]), since=started)
     from rllm.training.verl.export import report_final_model
 
-    report_final_model(run_dir, since=started)
+    report_final_model(run_dir, since=started, served_dtype=str(config.actor_rollout_ref.rollout.dtype))
 
 
 USAGE = f"""usage: python -m rllm.training.verl.train [{DRY_RUN_FLAG} | {PRINT_FLAG}] [{SMOKE_FLAG}] [{CPU_FLAG}]

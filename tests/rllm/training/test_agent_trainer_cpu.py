@@ -115,9 +115,10 @@ def test_the_run_leaves_a_model_transformers_loads_whose_weights_moved(page_run:
     template = (folder / "runs/tiny-qwen3/chat_template.jinja").read_text()
     assert (model_dir / "chat_template.jinja").read_text() == template  # the template it was trained with
     assert AutoTokenizer.from_pretrained(model_dir).chat_template
-    trained = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
+    assert json.loads((model_dir / "config.json").read_text())["dtype"] == "float32"  # as the CPU rollouts sampled
+    trained = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
     base = AutoModelForCausalLM.from_pretrained(folder / "runs/tiny-qwen3", dtype=torch.float32).state_dict()
-    assert trained.keys() == base.keys()
+    assert trained.keys() == base.keys() and all(value.dtype == torch.float32 for value in trained.values())
     moved = [name for name in base if not torch.equal(trained[name], base[name])]
     assert moved, "the exported weights are the base model's"
     assert "the final policy as a Hugging Face model: " + str(model_dir) in (folder / "runs/mine/train.log").read_text()

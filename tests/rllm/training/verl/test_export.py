@@ -94,3 +94,28 @@ def test_no_model_is_reported_where_the_run_exported_none(tmp_path: Path, caplog
     # A folder without its chat template would not serve the agent's conversations.
     (tmp_path / "global_step_3" / "actor" / "huggingface" / "chat_template.jinja").unlink()
     assert final_model_dir(tmp_path) is None
+
+
+def test_the_export_loads_in_the_precision_the_rollouts_were_sampled_in(tmp_path: Path) -> None:
+    import json
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    folder = _checkpoint(tmp_path, 2)
+    config_path = folder / "config.json"
+    config = json.loads(config_path.read_text())
+    config["dtype"] = "bfloat16"  # what verl 0.9.1 names over its fp32 weights
+    config_path.write_text(json.dumps(config))
+    trained = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).state_dict()
+    assert next(iter(AutoModelForCausalLM.from_pretrained(folder).parameters())).dtype == torch.bfloat16  # rounded
+    # The launcher names the rollout's dtype (a CPU run's float32): the weights load exactly as trained.
+    assert report_final_model(tmp_path, served_dtype="float32") == folder
+    assert json.loads(config_path.read_text())["dtype"] == "float32"
+    loaded = AutoModelForCausalLM.from_pretrained(folder).state_dict()
+    assert all(torch.equal(loaded[name], trained[name]) for name in trained)
+    from rllm.training.verl.export import set_served_dtype
+
+    assert set_served_dtype(folder, "fp16") == "float16"  # the GPU recipe's rollout.dtype, as vLLM served it
+    with pytest.raises(ValueError, match="unknown dtype 'int8'"):
+        set_served_dtype(folder, "int8")
