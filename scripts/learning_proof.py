@@ -22,7 +22,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from rllm.proofs.local_trainer import VOCABS, LearningProof, ProofConfig, plot_learning_curve
+from rllm.proofs.local_trainer import VOCABS, LearningProof, ProofConfig
+from rllm.training.curves import plot_learning_curve
 
 TRAINERS = ("local", "verl")
 

@@ -51,8 +51,8 @@ PYTHON_BLOCKS: dict[str, bool | str] = {
     "SGLangEngine(": "needs the hub (Qwen/Qwen3-4B's tokenizer) and an SGLang server; the same loop runs offline "
                      "in tests/rllm/tokens/test_renderer.py",
     "AgentWorkflowEngine(StrandsWorkflow, search_workflow_args": True,
-    # docs/train-your-own-agent.md: four blocks that build on each other (a module, a model, an evaluation, a
-    # training run), run in order by the page's own test, which asserts what they do.
+    # docs/train-your-own-agent.md: five blocks that build on each other (a module, a model, an evaluation, a
+    # training run, the trained model's evaluation), run in order by the page's own test, which asserts what they do.
     "# my_agents.py": "a module the page's later blocks import; run in order by "
                       "tests/rllm/training/test_agent_trainer_cpu.py",
     "end_turns_early(build_tiny_qwen3(": "run in order by tests/rllm/training/test_agent_trainer_cpu.py",
@@ -62,6 +62,8 @@ PYTHON_BLOCKS: dict[str, bool | str] = {
                                "tests/rllm/training/test_agent_trainer_cpu.py",
     "train_dataset=tasks).train()": "trains Qwen3-4B on 8 GPUs and imports the reader's my_agents.py; the same call "
                                     "on a tiny model and CPU runs in tests/rllm/training/test_agent_trainer_cpu.py",
+    "final_model_dir(Path(\"runs/mine\"))": "evaluates the model the page's training run exported; run in order "
+                                             "by tests/rllm/training/test_agent_trainer_cpu.py",
     "dict(agent_factory=my_agent, reward_fn=my_reward)": True,
     "ProxyProcess(config)": "needs the proxy's own venv (.cache/litellm-venv) and a vLLM backend for token ids; "
                             "tests/rllm/tracing/test_proxy.py runs the proxy against a scripted vLLM",

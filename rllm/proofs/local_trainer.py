@@ -331,28 +331,3 @@ def _episode_stats(rollouts: Sequence[Rollout]) -> dict[str, float]:
         "response_tokens": statistics.fmean(len(r.fields["response_ids"]) for r in rollouts),
         "truncated": statistics.fmean(float(r.truncated) for r in rollouts),
     }
-
-
-def plot_learning_curve(history: Sequence[dict[str, Any]], path: Path, title: str = "") -> None:
-    """Draw held-out and training reward, and tool calls per episode, against the RL step."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (reward_ax, tool_ax) = plt.subplots(1, 2, figsize=(10, 3.8))
-    train = [(h["step"], h["train_reward"]) for h in history if "train_reward" in h]
-    held = [(h["step"], h["eval_reward"]) for h in history if "eval_reward" in h]
-    if train:
-        reward_ax.plot(*zip(*train, strict=True), label="training reward", alpha=0.6)
-    reward_ax.plot(*zip(*held, strict=True), marker="o", label="held-out reward")
-    reward_ax.set(xlabel="RLOO step", ylabel="reward", ylim=(-0.02, 1.02), title="reward")
-    reward_ax.legend(loc="lower right")
-    tools = [(h["step"], h.get("tool_calls", h.get("eval_tool_calls"))) for h in history]
-    tool_ax.plot(*zip(*tools, strict=True), color="tab:green")
-    tool_ax.set(xlabel="RLOO step", ylabel="lookups per episode", ylim=(0, 4), title="tool use")
-    if title:
-        fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

@@ -154,8 +154,8 @@ def main(argv: list[str] | None = None, **config_overrides: Any) -> int:
     logging.getLogger("strands").setLevel(logging.ERROR)
     import torch
 
-    from rllm.proofs.local_trainer import plot_learning_curve
     from rllm.proofs.verl_trainer import run_verl_proof
+    from rllm.training.curves import plot_learning_curve
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     config = quickstart_config(device, args.seed, **{"rl_steps": args.rl_steps, "warm_steps": args.warm_steps,

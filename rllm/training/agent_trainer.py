@@ -12,18 +12,19 @@ verl workers need (``workflow.pkl``, cloudpickled, so a factory or reward define
 works; an importable one is named by its dotted path instead), and a recipe over
 ``strands_base.yaml`` (``agent_trainer.yaml``). It then runs verl's own trainer on it in a child
 process (``python -m rllm.training.verl.train --config-dir RUN --config-name agent_trainer``, which
-checks everything before Ray starts) and returns verl's per-step metrics.
+checks everything before Ray starts) and returns verl's per-step metrics, the validation scores, the final
+policy as a Hugging Face model (``model_path``) and the learning curve.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +36,9 @@ from rllm.data.tasks import Tasks, load_tasks
 from rllm.data.verl_rows import task_rows, write_parquet
 from rllm.errors import ConfigurationError, TrainingRunError
 from rllm.integrations.strands import Budget
+from rllm.training.curves import LEARNING_CURVE, read_metrics, validation_metrics, validation_score
 from rllm.training.verl._dotted import PICKLE_SUFFIX, import_object
+from rllm.training.verl.export import final_model_dir
 from rllm.workflows import StrandsWorkflow
 
 logger = logging.getLogger(__name__)
@@ -64,12 +67,22 @@ class TrainResult:
         log_path: The trainer's console output.
         resumed_from_step: The step a resumed run continued from (``AgentTrainer(resume=True)``); ``None``
             for a new run. ``metrics`` then holds the earlier steps too.
+        model_path: The final policy as a Hugging Face model (safetensors, tokenizer, chat template:
+            ``global_step_N/actor/huggingface`` of the last checkpoint), which transformers loads and
+            ``vllm serve`` serves; ``None`` when the run saved none (``trainer.save_freq``,
+            ``actor_rollout_ref.actor.checkpoint.save_contents``).
+        validation: Step -> verl's validation metrics at that step (``val-core/...``, ``val-aux/...``; step 0
+            is before the first update); empty without a ``val_dataset``.
+        curve_path: ``learning_curve.png`` (training reward, validation score, tool calls per episode by step).
     """
 
     metrics: list[dict[str, Any]]
     metrics_path: Path
     run_dir: Path
     log_path: Path
+    model_path: Path | None = None
+    validation: dict[int, dict[str, float]] = dataclasses.field(default_factory=dict)
+    curve_path: Path | None = None
     resumed_from_step: int | None = None
 
 
@@ -87,10 +100,12 @@ class AgentTrainer:
             dotted keys (``{"data.train_batch_size": 8}``); ``actor_rollout_ref.model.path`` names the policy.
         train_dataset: The training tasks: a list of dicts, a ``.json``/``.jsonl``/``.parquet`` path, or a
             ``datasets.Dataset``.
-        val_dataset: The validation tasks, in any of those forms; ``None`` turns validation off.
+        val_dataset: The validation tasks, in any of those forms, scored before the first step, every
+            ``trainer.test_freq`` steps and at the last; ``None`` turns validation off.
         backend: ``"verl"`` (the only one).
         cpu: Run verl on the CPU (the launcher's ``--cpu``).
-        smoke: Two real steps of two prompts x two rollouts (the launcher's ``--smoke``).
+        smoke: Two real steps of two prompts x two rollouts (the launcher's ``--smoke``), the last step's policy
+            exported; with a ``val_dataset``, validated before the first step and after the last.
         output_dir: The run's directory (verl's ``trainer.default_local_dir``); default ``runs/<experiment>``.
         recipe_base: The recipe body the run's recipe extends (shipped in ``rllm/training/verl/config``).
         resume: ``False``: a new run (an earlier run's checkpoints in ``output_dir`` are removed when it
@@ -195,7 +210,16 @@ class AgentTrainer:
         """The launcher's command line for the run's recipe."""
         flags = [flag for flag, on in (("--dry-run", dry_run), ("--cpu", self.cpu), ("--smoke", self.smoke)) if on]
         return [sys.executable, "-m", "rllm.training.verl.train", *flags, "--config-dir", str(self.run_dir),
-                "--config-name", RECIPE_NAME, *self.overrides]
+                "--config-name", RECIPE_NAME, *self._smoke_validation(), *self.overrides]
+
+    def _smoke_validation(self) -> list[str]:
+        """With ``smoke`` and a ``val_dataset``: validate before the first step and at the last (the overlay does not).
+
+        On the command line, since the smoke overlay is merged after the run's recipe; before the user's overrides.
+        """
+        if not (self.smoke and self.val_dataset is not None):
+            return []
+        return ["trainer.val_before_train=true", "trainer.test_freq=${trainer.total_training_steps}"]
 
     def _env(self) -> dict[str, str]:
         """This process's environment, with every folder it imports from on ``PYTHONPATH``.
@@ -234,6 +258,7 @@ class AgentTrainer:
         if resumed is None:  # a resumed run's launcher keeps the earlier steps' metrics
             metrics_path.unlink(missing_ok=True)
         command = self.command()
+        started = time.time()
         logger.info("training: %s (console: %s)", " ".join(command), log_path)
         lines: list[str] = []
         with log_path.open("w", encoding="utf-8") as log, subprocess.Popen(
@@ -246,8 +271,18 @@ class AgentTrainer:
             returncode = process.wait()
         if returncode:
             raise TrainingRunError(_failure("".join(lines), returncode) + f" (the whole log: {log_path})")
-        return TrainResult(metrics=read_metrics(metrics_path), metrics_path=metrics_path, run_dir=self.run_dir,
-                           log_path=log_path, resumed_from_step=resumed)
+        metrics = read_metrics(metrics_path)
+        validation = validation_metrics(metrics)
+        for step, values in validation.items():
+            score = validation_score(values)
+            logger.info("validation at step %d: score %s", step, "n/a" if score is None else f"{score:.3f}")
+        model_path = final_model_dir(self.run_dir, since=started)
+        logger.info("final policy (Hugging Face model): %s", model_path)
+        curve = self.run_dir / LEARNING_CURVE
+        return TrainResult(metrics=metrics, metrics_path=metrics_path, run_dir=self.run_dir, log_path=log_path,
+                           model_path=model_path, validation=validation,
+                           curve_path=curve if curve.is_file() and curve.stat().st_mtime >= started else None,
+                           resumed_from_step=resumed)
 
 
 @dataclass
@@ -258,18 +293,6 @@ class _ToolList:
 
     def __call__(self) -> list[Any]:
         return list(self.tools)
-
-
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The lines of verl's file logger as ``{"step": N, **metrics}``, in order."""
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            entry = json.loads(line)
-            rows.append({"step": entry.get("step"), **(entry.get("data") or {})})
-    return rows
 
 
 def _check_workflow_args(args: dict[str, Any]) -> dict[str, Any]:

@@ -34,6 +34,7 @@ import importlib.resources
 import logging
 import os
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -385,16 +386,26 @@ def _run(config: DictConfig, dry_run: bool, print_only: bool = False) -> None:
         check_retrieval(checked.retrieval)
     start = plan_launch(config)
     clear_earlier_run(start)  # a new run: the earlier run's checkpoints, which verl would resume or mix with
-    # verl's file logger (trainer.logger: file) writes the run's metrics into its directory unless told otherwise.
-    os.environ.setdefault("VERL_FILE_LOGGER_PATH", str(Path(config.trainer.default_local_dir) / "metrics.jsonl"))
+    # verl's file logger (trainer.logger: file) writes the run's metrics into its directory unless told otherwise,
+    # and its tensorboard logger its event files.
+    run_dir = Path(config.trainer.default_local_dir)
+    os.environ.setdefault("VERL_FILE_LOGGER_PATH", str(run_dir / "metrics.jsonl"))
+    os.environ.setdefault("TENSORBOARD_DIR", str(run_dir / "tensorboard"))
     if not ray.is_initialized():
         start_ray(config)
     secrets = share_secrets()  # the retrieval token, for the rollout workers; held until the run ends
+    started = time.time()
     try:
         with _earlier_metrics_kept(Path(os.environ["VERL_FILE_LOGGER_PATH"]), start.resume_step):
             run_ppo(config, task_runner_class=GuardedTaskRunner)
     finally:
         del secrets
+        from rllm.training.curves import draw_run_curve
+
+        draw_run_curve(run_dir, Path(os.environ["VERL_FILE_LOGGER_PATH"]), since=started)
+    from rllm.training.verl.export import report_final_model
+
+    report_final_model(run_dir, since=started, served_dtype=str(config.actor_rollout_ref.rollout.dtype))
 
 
 @contextlib.contextmanager

@@ -200,3 +200,58 @@ def test_task_to_prompt_is_written_into_the_recipe_and_a_list_of_task_files_is_o
     rows = pq.read_table(recipe["data"]["train_files"]).to_pylist()
     assert [row["extra_info"]["index"] for row in rows] == [0, 1, 2, 3] and [row_task(r) for r in rows] == TASKS
     assert rows[3]["prompt"] == [{"role": "user", "content": "Name the capital city of Peru."}]
+
+
+@pytest.mark.parametrize(("val", "smoke", "expected"), [
+    (True, True, {"val_before_train": True, "test_freq": 2, "save_freq": 2}),   # before the first step and at the last
+    (False, True, {"val_before_train": False, "test_freq": -1, "save_freq": 2}),
+    (True, False, {"val_before_train": True, "test_freq": 50, "save_freq": 50}),  # the recipe's
+], ids=["smoke_with_val", "smoke_without_val", "recipe"])
+def test_a_val_dataset_is_validated_before_and_at_the_end_even_in_a_smoke_run(
+        tmp_path: Path, val: bool, smoke: bool, expected: dict[str, Any]) -> None:
+    import subprocess
+
+    trainer = AgentTrainer(StrandsWorkflow, {"agent_factory": capital_agent, "reward_fn": capital_reward}, None, TASKS,
+                           val_dataset=TASKS[:2] if val else None, cpu=True, smoke=smoke, output_dir=tmp_path / "run")
+    trainer.write_run()
+    command = trainer.command()
+    # The launcher composes exactly this command's recipe, overlays and overrides (--print-config starts nothing).
+    proc = subprocess.run([*command[:3], "--print-config", *command[3:]], env=trainer._env(), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    config = yaml.safe_load(proc.stdout)["trainer"]
+    assert {key: config[key] for key in expected} == expected
+    # The user's config still wins over the smoke run's validation.
+    user = AgentTrainer(StrandsWorkflow, {"agent_factory": capital_agent, "reward_fn": capital_reward},
+                        {"trainer.test_freq": 1}, TASKS, val_dataset=TASKS[:2], smoke=True, output_dir=tmp_path / "u")
+    assert user.command()[-1] == "trainer.test_freq=1"
+
+
+def test_train_returns_the_runs_model_validation_and_curve(tmp_path: Path, monkeypatch) -> None:
+    """``train()`` reads what the launcher left: here a stand-in launcher writes it as verl and the launcher do."""
+    import sys
+    import textwrap
+
+    trainer = AgentTrainer(StrandsWorkflow, {"agent_factory": capital_agent, "reward_fn": capital_reward}, None, TASKS,
+                           val_dataset=TASKS[:2], output_dir=tmp_path / "run")
+    run = trainer.run_dir
+    stand_in = textwrap.dedent(f"""
+        import json, os
+        from pathlib import Path
+        from rllm.offline.tiny_models import build_tiny_model_dir
+        from rllm.training.curves import draw_run_curve
+        run = Path({str(run)!r})
+        metrics = Path(os.environ["VERL_FILE_LOGGER_PATH"])
+        val = {{"val-core/tasks/reward/mean@1": 0.5, "val-aux/tasks/tool_calls/mean@1": 1.0}}
+        rows = [{{"step": 0, "data": val}}, {{"step": 1, "data": {{"critic/score/mean": 0.2, **val}}}}]
+        metrics.write_text("".join(json.dumps(row) + "\\n" for row in rows))
+        build_tiny_model_dir(run / "global_step_1" / "actor" / "huggingface")
+        (run / "latest_checkpointed_iteration.txt").write_text("1")
+        draw_run_curve(run, metrics)
+    """)
+    monkeypatch.setattr(trainer, "command", lambda **_: [sys.executable, "-c", stand_in])
+    result = trainer.train()
+    assert result.model_path == run / "global_step_1" / "actor" / "huggingface"
+    assert sorted(result.validation) == [0, 1] and result.validation[1]["val-core/tasks/reward/mean@1"] == 0.5
+    assert result.curve_path == run / "learning_curve.png" and result.curve_path.stat().st_size > 10_000
+    assert [row["step"] for row in result.metrics] == [0, 1]

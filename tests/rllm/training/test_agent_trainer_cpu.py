@@ -3,9 +3,13 @@
 ``docs/train-your-own-agent.md`` is run as a reader runs it, block after block, in a fresh folder with no
 retrieval server: its first block saved as ``my_agents.py`` (a plain Strands agent with one ``@tool``,
 tasks with fields of their own, a reward returning ``RewardOutput``), then the tiny model, the evaluation
-and ``AgentTrainer(..., cpu=True, smoke=True).train()``, each as its own script. Asserted: the evaluation
-scored every episode; verl trained two steps whose reward varied within a group and whose actor gradient
-was not zero; the factory and the reward read the user's own fields (a ``KeyError`` would fail the run).
+and ``AgentTrainer(..., cpu=True, smoke=True).train()``, then the evaluation of the trained model beside the
+base model, each as its own script. Asserted: the evaluation scored every episode; verl validated before the
+first step and after the last, and trained two steps whose reward varied within a group and whose actor
+gradient was not zero; the factory and the reward read the user's own fields (a ``KeyError`` would fail the
+run); the run left a Hugging Face model (safetensors, tokenizer, chat template) that transformers loads,
+whose weights moved from the base model's, a learning curve and TensorBoard event files; the last block
+printed the before/after table.
 Then the same agent with a reward that is 0 for every answer: the smoke run fails, saying there was no
 learning signal (the guard fires on a constant reward injected from the user's side, not from rllm).
 """
@@ -66,8 +70,9 @@ def page_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[subpr
 
 def test_the_pages_blocks_are_a_module_a_model_an_evaluation_and_a_training_run() -> None:
     blocks = _python_blocks()
-    assert len(blocks) == 4
+    assert len(blocks) == 5
     assert "AgentWorkflowEngine" in blocks[2] and "AgentTrainer(" in blocks[3] and "cpu=True" in blocks[3]
+    assert "final_model_dir" in blocks[4] and "TransformersEngine" in blocks[4]
 
 
 def test_the_evaluation_scores_every_episode_of_the_users_tasks(page_run: Any) -> None:
@@ -81,7 +86,11 @@ def test_the_evaluation_scores_every_episode_of_the_users_tasks(page_run: Any) -
 
 def test_agent_trainer_trains_the_users_agent_two_steps_with_a_gradient(page_run: Any) -> None:
     folder, runs = page_run
-    metrics = [json.loads(line) for line in (folder / "runs/mine/metrics.jsonl").read_text().splitlines()]
+    lines = [json.loads(line) for line in (folder / "runs/mine/metrics.jsonl").read_text().splitlines()]
+    # Validation before the first step (step 0) and with the last; training metrics on steps 1 and 2.
+    assert [m["step"] for m in lines] == [0, 1, 2]
+    assert [m["step"] for m in lines if "val-core/tasks/reward/mean@1" in m["data"]] == [0, 2]
+    metrics = [m for m in lines if m["step"] > 0]
     assert [m["step"] for m in metrics] == [1, 2]
     printed = [line.split() for line in runs[2].stdout.strip().splitlines()[-2:]]
     assert [row[0] for row in printed] == ["1", "2"]  # the page prints train()'s metrics, one line a step
@@ -92,6 +101,45 @@ def test_agent_trainer_trains_the_users_agent_two_steps_with_a_gradient(page_run
     assert "retrieval server" not in (folder / "runs/mine/train.log").read_text()  # none needed, none checked
     recipe = (folder / "runs/mine/agent_trainer.yaml").read_text()
     assert "agent_factory: my_agents:my_agent" in recipe and "reward_fn: my_agents:my_reward" in recipe
+
+
+def test_the_run_leaves_a_model_transformers_loads_whose_weights_moved(page_run: Any) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, runs = page_run
+    model_dir = folder / "runs/mine/global_step_2/actor/huggingface"
+    said = runs[2].stdout
+    assert f"model: {model_dir}" in said  # TrainResult.model_path
+    assert list(model_dir.glob("*.safetensors")), sorted(p.name for p in model_dir.iterdir())
+    template = (folder / "runs/tiny-qwen3/chat_template.jinja").read_text()
+    assert (model_dir / "chat_template.jinja").read_text() == template  # the template it was trained with
+    assert AutoTokenizer.from_pretrained(model_dir).chat_template
+    assert json.loads((model_dir / "config.json").read_text())["dtype"] == "float32"  # as the CPU rollouts sampled
+    trained = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
+    base = AutoModelForCausalLM.from_pretrained(folder / "runs/tiny-qwen3", dtype=torch.float32).state_dict()
+    assert trained.keys() == base.keys() and all(value.dtype == torch.float32 for value in trained.values())
+    moved = [name for name in base if not torch.equal(trained[name], base[name])]
+    assert moved, "the exported weights are the base model's"
+    assert "the final policy as a Hugging Face model: " + str(model_dir) in (folder / "runs/mine/train.log").read_text()
+
+
+def test_the_run_draws_its_curve_reports_validation_and_writes_tensorboard_events(page_run: Any) -> None:
+    folder, runs = page_run
+    curve = folder / "runs/mine/learning_curve.png"
+    assert curve.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and curve.stat().st_size > 10_000
+    said = runs[2].stdout.splitlines()
+    assert f"learning curve: {curve}" in said
+    assert [line.split()[3] for line in said if line.startswith("validation at step")] == ["0", "2"]
+    assert list((folder / "runs/mine/tensorboard").glob("events.out.tfevents.*"))  # trainer.logger: tensorboard
+
+
+def test_the_trained_model_is_evaluated_beside_the_base_model(page_run: Any) -> None:
+    _, runs = page_run
+    table = [line.split() for line in runs[3].stdout.strip().splitlines()[-3:]]
+    assert table[0] == ["model", "episodes", "reward", "correct", "tool", "calls"], runs[3].stdout[-2000:]
+    assert [row[0] for row in table[1:]] == ["base", "trained"] and all(row[1] == "16" for row in table[1:])
+    assert all(0.0 <= float(row[2]) <= 1.0 for row in table[1:])  # every episode scored (no nan)
 
 
 def test_a_smoke_run_whose_reward_never_varies_fails_saying_no_learning_signal(page_run: Any) -> None:

@@ -188,7 +188,8 @@ def test_the_engine_samples_from_the_updated_weights(tokenizer, world) -> None:
 
 def test_the_learning_proof_runs_end_to_end_and_says_why_it_fails(tmp_path) -> None:
     """A proof far too short to learn runs every phase, writes its files, and fails with its reasons."""
-    from rllm.proofs.local_trainer import LearningProof, ProofConfig, plot_learning_curve
+    from rllm.proofs.local_trainer import LearningProof, ProofConfig
+    from rllm.training.curves import plot_learning_curve
 
     config = ProofConfig.for_device("cpu", hidden_size=64, num_layers=2, world_size=120, held_out=4, eval_samples=1,
                                     demonstrations=16, warm_steps=2, warm_batch=8, rl_steps=2, prompts_per_step=2,

@@ -221,9 +221,10 @@ BEFORE_SMOKE = [
     "trainer.total_epochs=2",
     "trainer.val_before_train=false",
     "trainer.test_freq=-1",
-    "trainer.save_freq=-1",
+    "trainer.save_freq=${trainer.total_training_steps}",
     "trainer.logger=[console,file]",
     "data.dataloader_num_workers=0",
+    "actor_rollout_ref.actor.checkpoint.save_contents=[hf_model]",
 ]
 """``SMOKE_OVERRIDES`` before the overlay replaced it (``config/overlay/smoke.yaml``)."""
 FLAGS = {"--cpu": BEFORE_CPU, "--smoke": BEFORE_SMOKE}
