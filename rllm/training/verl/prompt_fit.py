@@ -57,6 +57,8 @@ from rllm.training.verl.agent_loop import (
 logger = logging.getLogger(__name__)
 
 LIMIT_KEY = "data.max_prompt_length"
+ROLLOUT_LIMIT_KEY = "actor_rollout_ref.rollout.prompt_length"
+"""verl's limit (``data.max_prompt_length`` unless set apart): what ``VerlEngine`` refuses a first prompt over."""
 AGENT_NAME = "strands_agent"
 """The name a rollout's agent gets when the agent-loop entry names none (``StrandsAgentLoop``)."""
 _SPLITS = (("train_files", "training"), ("val_files", "validation"))
@@ -123,7 +125,7 @@ def fit_prompts(config: DictConfig) -> list[SplitFit]:
     tokenizer = _tokenizer(config)
     if tokenizer is None:
         return []
-    limit = int(config.data.max_prompt_length)
+    limit_key, limit = _limit(config)
     kwargs = OmegaConf.to_container(OmegaConf.select(config, "data.apply_chat_template_kwargs", default=None)
                                     or OmegaConf.create({}), resolve=True)
     engine = _FirstPrompts(tokenizer, dict(kwargs))  # type: ignore[arg-type]
@@ -135,13 +137,22 @@ def fit_prompts(config: DictConfig) -> list[SplitFit]:
         if files is None:
             continue
         paths = [str(files)] if isinstance(files, str) else [str(f) for f in files]
-        fit = _fit_split(f"data.{key}", split, paths, measure, limit, run_dir)
+        fit = _fit_split(f"data.{key}", split, paths, measure, (limit_key, limit), run_dir)
         if fit is None:
             continue
         with open_dict(config):
             config.data[key] = fit.files[0] if isinstance(files, str) else list(fit.files)
         fits.append(fit)
     return fits
+
+
+def _limit(config: DictConfig) -> tuple[str, int]:
+    """The key and value of the first prompt's limit: ``data.max_prompt_length``, or the rollout's own if it differs."""
+    data = int(config.data.max_prompt_length)
+    rollout = OmegaConf.select(config, ROLLOUT_LIMIT_KEY, default=None)
+    if rollout is not None and int(rollout) != data:
+        return ROLLOUT_LIMIT_KEY, int(rollout)
+    return LIMIT_KEY, data
 
 
 def _runs_strands_loop(config: DictConfig) -> bool:
@@ -242,11 +253,12 @@ def _import(key: str, path: str) -> Any:
         raise ConfigurationError(f"{key}={path}: {error}") from None
 
 
-def _fit_split(key: str, split: str, paths: list[str], measure: _Measure, limit: int,
+def _fit_split(key: str, split: str, paths: list[str], measure: _Measure, limit_of: tuple[str, int],
                run_dir: Path) -> SplitFit | None:
     """Measure a split's rows, write the kept rows of each file that lost some, log the count; refuse none kept."""
     import pyarrow.parquet as pq
 
+    limit_key, limit = limit_of
     started = time.perf_counter()
     tables = []
     for path in paths:
@@ -268,9 +280,9 @@ def _fit_split(key: str, split: str, paths: list[str], measure: _Measure, limit:
     seconds = time.perf_counter() - started
     if tasks and len(dropped) == tasks:
         raise ConfigurationError(
-            f"{key}: none of the {tasks} {split} tasks fits {LIMIT_KEY}={limit}: their first prompts (system prompt, "
+            f"{key}: none of the {tasks} {split} tasks fits {limit_key}={limit}: their first prompts (system prompt, "
             f"tool schemas and task, as the chat template renders them) have {min(min(x) for x in lengths if x)} to "
-            f"{longest} tokens; raise {LIMIT_KEY} to at least {longest}, or shorten the system prompt, tools or tasks")
+            f"{longest} tokens; raise {limit_key} to at least {longest}, or shorten the system prompt, tools or tasks")
     files = []
     for index, (path, table, file_lengths) in enumerate(zip(paths, tables, lengths, strict=True)):
         keep = [row for row, length in enumerate(file_lengths) if length <= limit]
@@ -285,10 +297,10 @@ def _fit_split(key: str, split: str, paths: list[str], measure: _Measure, limit:
     if dropped:
         logger.warning("%s: %d of %d %s tasks dropped: their first prompt is longer than %s=%d (the longest has %d "
                        "tokens); the %d kept are in %s (measured in %.1f s)", key, len(dropped), tasks, split,
-                       LIMIT_KEY, limit, longest, tasks - len(dropped),
+                       limit_key, limit, longest, tasks - len(dropped),
                        ", ".join(f for f, p in zip(files, paths, strict=True) if f != p), seconds)
     else:
         logger.info("%s: every one of the %d %s tasks fits %s=%d (the longest first prompt has %d tokens; measured "
-                    "in %.1f s)", key, tasks, split, LIMIT_KEY, limit, longest, seconds)
+                    "in %.1f s)", key, tasks, split, limit_key, limit, longest, seconds)
     return SplitFit(key=key, tasks=tasks, dropped=dropped, longest=longest, limit=limit, seconds=seconds, files=files,
                     lengths=[length for file_lengths in lengths for length in file_lengths])

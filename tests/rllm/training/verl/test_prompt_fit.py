@@ -60,14 +60,14 @@ def _tasks_file(tmp_path: Path, tasks: list[dict[str, Any]]) -> Path:
 
 
 def _config(tmp_path: Path, model: Path | str, agent: str, tasks: list[dict[str, Any]] = FIT_TASKS,
-            limit: int = LIMIT) -> Any:
+            limit: int = LIMIT, *overrides: str) -> Any:
     path = _tasks_file(tmp_path, tasks)
     with hydra.initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         config = hydra.compose(config_name="strands_agent_rloo", overrides=[
             f"data.train_files={path}", f"data.val_files={path}", f"trainer.default_local_dir={tmp_path / 'run'}",
             f"actor_rollout_ref.model.path={model}", f"data.max_prompt_length={limit}",
             "rllm.reward_fn=fixtures.user_agents:capital_reward",
-            *(f"{key}='{value}'" for key, value in AGENTS[agent].items())])
+            *(f"{key}='{value}'" for key, value in AGENTS[agent].items()), *overrides])
     return prepare_config(config)
 
 
@@ -132,6 +132,15 @@ def test_no_task_fitting_is_refused_naming_the_numbers_and_the_fix(tmp_path: Pat
     assert f"raise data.max_prompt_length to at least {longest}, or shorten the system prompt, tools or tasks" \
            in message
     assert config.data.train_files == rows_file and not list((tmp_path / "run" / "data").glob("*.fit.parquet"))
+
+
+def test_the_rollouts_own_prompt_length_is_the_limit_when_set_apart(tmp_path: Path, qwen_dir: Path,
+                                                                    caplog: Any) -> None:
+    config = _config(tmp_path, qwen_dir, "factory", FIT_TASKS, 4096, f"actor_rollout_ref.rollout.prompt_length={LIMIT}")
+    with caplog.at_level(logging.INFO, logger="rllm.training.verl.prompt_fit"):
+        train, _ = fit_prompts(config)
+    assert [index for _, index in train.dropped] == [1, 4, 6]
+    assert f"longer than actor_rollout_ref.rollout.prompt_length={LIMIT}" in caplog.text
 
 
 def test_every_task_fitting_keeps_the_files_and_says_so(tmp_path: Path, qwen_dir: Path, caplog: Any) -> None:
