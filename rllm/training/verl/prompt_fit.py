@@ -6,8 +6,9 @@ context, and verl's own length filter (``data.filter_overlong_prompts``) sees on
 prompt over ``data.max_prompt_length`` (verl's ``rollout.prompt_length``) raises ``PromptTooLongError``
 inside a rollout, minutes into the run. So the launcher builds every training and validation task's
 agent as a rollout worker does (``StrandsAgentLoop``: the factory called on the task, or the tools
-and system prompt, on an ``RLLMModel``) and runs it on a token engine that samples nothing
-(``_FirstPrompts``): every model call is rendered by ``TokenEngine`` as ``VerlEngine`` renders it, with
+and system prompt, on an ``RLLMModel``; an agent on its own client calls a ``PolicyServer``, as a
+worker serves it) and runs it on a token engine that samples nothing (``_FirstPrompts``): every
+model call is rendered by ``TokenEngine`` as ``VerlEngine`` renders it, with
 the tokenizer of ``actor_rollout_ref.model`` and ``data.apply_chat_template_kwargs``, and answered
 with an empty turn. A task's measure is the longest first prompt of the sessions its run opened: the
 agent's, or each entry node's of a ``Swarm`` or ``Graph`` (a later node of a graph, run on the empty
@@ -26,10 +27,12 @@ machine (a directory, or the Hugging Face cache): without it the launcher says s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +44,8 @@ from rllm.errors import ConfigurationError
 from rllm.integrations.strands import RLLMModel
 from rllm.integrations.strands.rollout import Built, build_agent, silence_printing
 from rllm.integrations.strands.teams import record_built
-from rllm.integrations.strands.traced import check_factory_built, run_factory_built
+from rllm.integrations.strands.traced import ServedPolicy, run_factory_built
+from rllm.tracing.policy_server import API_KEY_ENV, BASE_URL_ENV, MODEL_ENV, PolicyServer
 from rllm.training.verl._dotted import import_object
 from rllm.training.verl.agent_loop import (
     SETTINGS_KEY,
@@ -111,17 +115,14 @@ class _FirstPrompts(TokenEngine):
 def fit_prompts(config: DictConfig) -> list[SplitFit]:
     """Measure every task's first prompt and drop the tasks over ``data.max_prompt_length``, in place.
 
-    Returns what each split's measure found (nothing when the registry runs no ``StrandsAgentLoop``, the
-    agent runs on its own client or the tokenizer is not on this machine: each said in the log).
+    Returns what each split's measure found (nothing when the registry runs no ``StrandsAgentLoop`` or the
+    tokenizer is not on this machine, said in the log). An agent on its own client (``own_client``) calls a
+    policy server served by the same engine, as a worker serves it.
     ``ConfigurationError`` when no task of a split fits, or building a task's agent fails.
     """
     if not _runs_strands_loop(config):
         return []
     settings = loop_settings(config)
-    if settings.own_client:
-        logger.info("%s.own_client: the agent renders its prompts on its own client; its first prompts are "
-                    "measured by the rollouts (%s)", SETTINGS_KEY, LIMIT_KEY)
-        return []
     tokenizer = _tokenizer(config)
     if tokenizer is None:
         return []
@@ -195,12 +196,33 @@ class _Measure:
         self.engine = engine
         self.model = RLLMModel(engine)
         self.factory: Callable[..., Built] | None = None
+        self.server: PolicyServer | None = None
         if settings.agent_factory is not None:
             self.factory = _import(f"{SETTINGS_KEY}.agent_factory", settings.agent_factory)
         else:
             assert settings.tool_factory is not None
             _import(f"{SETTINGS_KEY}.tool_factory", settings.tool_factory)
             self.tools = build_tools(settings.tool_factory, settings.tool_kwargs)
+
+    @contextlib.asynccontextmanager
+    async def serving(self) -> AsyncIterator[None]:
+        """With ``own_client``, the policy server a worker serves such an agent, exported as it exports it."""
+        if not self.settings.own_client:
+            yield
+            return
+        saved = {name: os.environ.get(name) for name in (BASE_URL_ENV, API_KEY_ENV, MODEL_ENV)}
+        self.server = await PolicyServer().start()
+        self.server.export()
+        try:
+            yield
+        finally:
+            await self.server.stop()
+            self.server = None
+            for name, value in saved.items():  # the launcher's environment as it was: Ray's workers inherit it
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
     async def first_prompt(self, row: dict[str, Any], where: str) -> int:
         """The longest first prompt of ``row``'s rollout, in tokens (``where`` names the task in errors)."""
@@ -221,7 +243,7 @@ class _Measure:
             key = f"{SETTINGS_KEY}.agent_factory={settings.agent_factory}"
             task = row_task_or_row({**row, "raw_prompt": row.get("prompt"), "session_id": 0})
             try:
-                built = self.factory(self.model, task)
+                built = self.factory(self.model, task)  # with own_client, after the policy server's export
             except ConfigurationError:
                 raise
             except Exception as error:
@@ -231,11 +253,11 @@ class _Measure:
                                          infra_exceptions=settings.infra_exceptions)
             except TypeError as error:
                 raise ConfigurationError(f"{key}: {error}") from error
-            check_factory_built(built, self.model, own_client=False, **factory_refusal(settings))
-            silence_printing(built)
+                silence_printing(built)
         before = len(self.engine.first)
         refusal = factory_refusal(settings)
-        finished = await run_factory_built(built, prompt, recorders, self.model, own_client=None,
+        own_client = None if self.server is None else ServedPolicy(self.server, self.engine)
+        finished = await run_factory_built(built, prompt, recorders, self.model, own_client=own_client,
                                            who=refusal["who"], fix=refusal["fix"])
         measured = self.engine.first[before:]
         if not measured:
@@ -268,9 +290,10 @@ def _fit_split(key: str, split: str, paths: list[str], measure: _Measure, limit_
     lengths: list[list[int]] = []
 
     async def _all() -> None:
-        for path, table in zip(paths, tables, strict=True):
-            lengths.append([await measure.first_prompt(row, f"{split} task {index} of {path}")
-                            for index, row in enumerate(table.to_pylist())])
+        async with measure.serving():
+            for path, table in zip(paths, tables, strict=True):
+                lengths.append([await measure.first_prompt(row, f"{split} task {index} of {path}")
+                                for index, row in enumerate(table.to_pylist())])
 
     asyncio.run(_all())
     dropped = [(path, index) for path, file_lengths in zip(paths, lengths, strict=True)

@@ -29,6 +29,9 @@ from rllm.data.verl_rows import row_task  # noqa: E402
 from rllm.errors import ConfigurationError  # noqa: E402
 from rllm.offline.chat_templates import load_chat_template  # noqa: E402
 from rllm.offline.qwen_tokenizer import build_qwen_tokenizer  # noqa: E402
+from rllm.tracing import PolicyServer  # noqa: E402
+from rllm.tracing.policy_server import API_KEY_ENV, BASE_URL_ENV, MODEL_ENV  # noqa: E402
+from rllm.training.verl.agent_loop import POLICY_SERVER_KWARG  # noqa: E402
 from rllm.training.verl.prompt_fit import fit_prompts  # noqa: E402
 from rllm.training.verl.train import CONFIG_DIR, prepare_config, validate  # noqa: E402
 
@@ -41,7 +44,9 @@ AGENTS = {
     "factory": {"rllm.agent_loop.agent_factory": "fixtures.user_agents:capital_agent"},
     "swarm": {"rllm.agent_loop.agent_factory": "fixtures.verl_loop:research_team"},
     "tools": {"rllm.agent_loop.tool_factory": "fixtures.verl_loop:lookup_tools",
-              "rllm.agent_loop.system_prompt": "Answer with the city. Use the lookup tool."},
+              "rllm.agent_loop.system_prompt": "'Answer with the city. Use the lookup tool.'"},
+    "own_client": {"rllm.agent_loop.agent_factory": "fixtures.verl_loop:capital_agent_on_its_own_client",
+                   "rllm.agent_loop.own_client": True},
 }
 
 
@@ -67,7 +72,7 @@ def _config(tmp_path: Path, model: Path | str, agent: str, tasks: list[dict[str,
             f"data.train_files={path}", f"data.val_files={path}", f"trainer.default_local_dir={tmp_path / 'run'}",
             f"actor_rollout_ref.model.path={model}", f"data.max_prompt_length={limit}",
             "rllm.reward_fn=fixtures.user_agents:capital_reward",
-            *(f"{key}='{value}'" for key, value in AGENTS[agent].items()), *overrides])
+            *(f"{key}={value}" for key, value in AGENTS[agent].items()), *overrides])
     return prepare_config(config)
 
 
@@ -76,7 +81,9 @@ async def _loop_first_prompts(qwen_dir: Path, agent: str, rows: list[dict[str, A
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(qwen_dir)
-    settings = {key.rsplit(".", 1)[1]: value for key, value in AGENTS[agent].items()}
+    settings = {key.rsplit(".", 1)[1]: value.strip("'") if isinstance(value, str) else value
+                for key, value in AGENTS[agent].items()}
+    policy = PolicyServer()  # what a worker serves an agent on its own client
     server = FakeServerManager(tokenizer, lambda prompt: "Paris")
     loop, _ = build_loop(tokenizer, server, "data.max_prompt_length=4096", "data.max_response_length=256",
                          "actor_rollout_ref.rollout.max_model_len=8192", stand_in_tool=False,
@@ -85,20 +92,24 @@ async def _loop_first_prompts(qwen_dir: Path, agent: str, rows: list[dict[str, A
     for index, row in enumerate(rows):
         calls = len(server.calls)
         await loop.run(dict(SAMPLING), **{**row, "raw_prompt": row["prompt"], "index": index, "uid": f"u-{index}",
-                                          "session_id": 0, "global_steps": 1})
+                                          "session_id": 0, "global_steps": 1, POLICY_SERVER_KWARG: policy})
         lengths.append(len(server.calls[calls]["prompt_ids"]))
+    await policy.stop()
     return lengths
 
 
 @pytest.mark.parametrize("agent", list(AGENTS))
 def test_tasks_whose_first_prompt_cannot_fit_are_dropped_and_counted(tmp_path: Path, qwen_dir: Path,
-                                                                    agent: str, caplog: Any) -> None:
+                                                                    agent: str, caplog: Any, monkeypatch: Any) -> None:
+    for name in (BASE_URL_ENV, API_KEY_ENV, MODEL_ENV):  # the loop exports its policy server's address
+        monkeypatch.delenv(name, raising=False)
     config = _config(tmp_path, qwen_dir, agent)
     rows_file = config.data.train_files
     rows = pq.read_table(rows_file).to_pylist()
     user_file = (tmp_path / "tasks.jsonl").read_bytes()
     with caplog.at_level(logging.INFO, logger="rllm.training.verl.prompt_fit"):
         train, val = fit_prompts(config)
+    assert not {BASE_URL_ENV, API_KEY_ENV, MODEL_ENV} & set(os.environ)  # the measure's own server left nothing
 
     # The measure is the first prompt the rollout sends (system prompt, tool schemas, the Swarm's context, task).
     assert train.lengths == asyncio.run(_loop_first_prompts(qwen_dir, agent, rows))
