@@ -235,7 +235,8 @@ class _Measure:
             if system is None and settings.system_prompt is None:
                 raise ConfigurationError(f"{where} has no system message and {SETTINGS_KEY}.system_prompt is null: "
                                          "the agent built from tool_factory would have no instructions")
-            agent = build_agent(self.model, tools=self.tools, system_prompt=system or settings.system_prompt,
+            instructions = system if system is not None else settings.system_prompt  # as the loop's _system_prompt
+            agent = build_agent(self.model, tools=self.tools, system_prompt=instructions,
                                 budget=settings.budget, name=AGENT_NAME, infra_exceptions=settings.infra_exceptions)
             built: Built = agent
             recorders = {AGENT_NAME: agent.recorder}
