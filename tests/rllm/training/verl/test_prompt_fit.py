@@ -66,6 +66,7 @@ def _tasks_file(tmp_path: Path, tasks: list[dict[str, Any]]) -> Path:
 
 def _config(tmp_path: Path, model: Path | str, agent: str, tasks: list[dict[str, Any]] = FIT_TASKS,
             limit: int = LIMIT, *overrides: str) -> Any:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     path = _tasks_file(tmp_path, tasks)
     with hydra.initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         config = hydra.compose(config_name="strands_agent_rloo", overrides=[
@@ -165,8 +166,11 @@ def test_every_task_fitting_keeps_the_files_and_says_so(tmp_path: Path, qwen_dir
 
 
 def test_the_launch_checks_train_on_the_kept_tasks(tmp_path: Path, qwen_dir: Path, caplog: Any) -> None:
-    """What ``--dry-run`` runs (verl's validation, then the launch checks): the fit, then the first task's preflight."""
-    config = _config(tmp_path, qwen_dir, "factory")
+    """What ``--dry-run`` runs (verl's validation, then the launch checks): the fit, then the sizing of what it kept."""
+    with pytest.raises(ConfigurationError, match="^5 training task\\(s\\), fewer than data.train_batch_size=64"):
+        validate(_config(tmp_path / "a", qwen_dir, "factory"))  # 8 tasks given, 5 fit
+    config = _config(tmp_path / "b", qwen_dir, "factory", FIT_TASKS, LIMIT, "data.train_batch_size=4",
+                     "actor_rollout_ref.actor.ppo_mini_batch_size=4")
     with caplog.at_level(logging.INFO):
         checked = validate(config)
     assert "data.train_files: 3 of 8 training tasks dropped" in caplog.text
