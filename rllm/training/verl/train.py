@@ -202,11 +202,13 @@ def check_launch(config: DictConfig) -> Any:
     Returns the agent's ``Preflight`` (``check_agent_loops``).
     """
     from rllm.training.verl.cpu import check_precision, cpu_mode
+    from rllm.training.verl.prompt_fit import fit_prompts
     from rllm.training.verl.settings import read_settings
     from rllm.training.verl.trainer.guards import GUARDED_MODE
     from rllm.training.verl.verl_internals import check_verl_version
 
     check_verl_version(strict=True)
+    fit_prompts(config)  # first: the checks below count the tasks that fit
     guards = read_settings(config).guards
     n = int(config.actor_rollout_ref.rollout.n)
     if guards.min_rollouts_per_group is not None and n < guards.min_rollouts_per_group:
