@@ -494,9 +494,10 @@ def main(argv: list[str] | None = None) -> None:
         os.environ.update(cpu_environment())
     overrides = [*overlay_override(flag_overlays(args)), *overrides]
     args = [*options, *overrides]  # Hydra's options first: argparse takes no option between the overrides
-    if dry_run:  # print only: no Hydra output directory, log file or logging setup
-        args += ["hydra.output_subdir=null", "hydra.run.dir=.", "hydra/job_logging=disabled",
-                 "hydra/hydra_logging=disabled"]
+    if dry_run:  # print only: no Hydra output directory or log file; logging left as the caller set it up
+        # (Hydra's "disabled" would disable every logger already made, in this process: a dry run's own lines,
+        # the sizing and the dropped tasks, would never show.)
+        args += ["hydra.output_subdir=null", "hydra.run.dir=.", "hydra/job_logging=none", "hydra/hydra_logging=none"]
     sys.argv = [sys.argv[0], *args]
 
     @hydra.main(config_path=str(CONFIG_DIR), config_name=CONFIG_NAME, version_base=None)
