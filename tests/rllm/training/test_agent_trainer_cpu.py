@@ -142,30 +142,66 @@ def test_the_trained_model_is_evaluated_beside_the_base_model(page_run: Any) -> 
     assert all(0.0 <= float(row[2]) <= 1.0 for row in table[1:])  # every episode scored (no nan)
 
 
-def test_a_smoke_run_whose_reward_never_varies_fails_saying_no_learning_signal(page_run: Any) -> None:
+def test_resuming_the_finished_run_is_refused_before_ray_saying_it_is_finished(page_run: Any) -> None:
     folder, _ = page_run
     code = (
-        "from my_agents import TASKS, my_agent\n"
+        "import time\n"
+        "from my_agents import TASKS, my_agent, my_reward\n"
         "from rllm.errors import TrainingRunError\n"
         "from rllm.trainer import AgentTrainer\n"
         "from rllm.workflows import StrandsWorkflow\n\n"
-        "def zero(task, final_answer):\n"
-        "    return 0.0\n\n"
-        "trainer = AgentTrainer(StrandsWorkflow, {'agent_factory': my_agent, 'reward_fn': zero,\n"
-        "                       'model_kwargs': {'params': {'max_tokens': 64}}},\n"
+        "trainer = AgentTrainer(StrandsWorkflow, {'agent_factory': my_agent, 'reward_fn': my_reward},\n"
         "                       {'actor_rollout_ref.model.path': 'runs/tiny-qwen3', 'data.max_prompt_length': 512,\n"
         "                        'data.max_response_length': 512, 'actor_rollout_ref.rollout.max_model_len': 1024},\n"
-        "                       TASKS, cpu=True, smoke=True, output_dir='runs/zero')\n"
+        "                       TASKS, cpu=True, smoke=True, output_dir='runs/mine', resume=True)\n"
+        "started = time.monotonic()\n"
         "try:\n"
         "    trainer.train()\n"
         "except TrainingRunError as error:\n"
-        "    print('REFUSED', error)\n"
+        "    print('REFUSED', round(time.monotonic() - started), error)\n"
     )
-    proc = _script(folder, "zero_reward.py", code)
+    proc = _script(folder, "resume_finished.py", code)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    refused = [line for line in proc.stdout.splitlines() if line.startswith("REFUSED")]
-    assert refused and "no learning signal: in all 2 step(s) every rollout of every group got the same reward" \
-        in refused[0], proc.stdout[-3000:]
-    assert "step 1: every group's rollouts got the same reward" in proc.stdout  # the first step's warning
-    metrics = [json.loads(line) for line in (folder / "runs/zero/metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in metrics] == [1, 2]  # both steps ran; the end of the run refused them
+    refused = [line.split(maxsplit=2) for line in proc.stdout.splitlines() if line.startswith("REFUSED")]
+    assert refused and "finished at step 2 of 2" in refused[0][2], proc.stdout[-3000:]
+    assert int(refused[0][1]) < 60  # before Ray: no verl step, no worker started
+    assert "Started a local Ray instance" not in proc.stdout + proc.stderr
+    assert (folder / "runs/mine/global_step_2/actor/huggingface").is_dir()  # the finished run is left as it was
+
+
+def test_a_second_run_in_the_folder_from_two_task_files_trains_anew_and_fails_without_a_learning_signal(
+        page_run: Any) -> None:
+    # The recipe path on the recipe AgentTrainer wrote into runs/mine, in the same folder as the finished run:
+    # a new run (the earlier checkpoints removed, two steps trained again), its tasks from two task files whose
+    # rows are numbered across both, and a reward that is 0 for every answer: the run ends "no learning signal".
+    folder, _ = page_run
+    (folder / "zero_reward.py").write_text("def zero(task, final_answer):\n    return 0.0\n", encoding="utf-8")
+    code = (
+        "import json\n"
+        "from my_agents import TASKS\n"
+        "for name, tasks in (('first', TASKS[:2]), ('second', TASKS[2:])):\n"
+        "    with open(f'{name}.jsonl', 'w') as out:\n"
+        "        out.writelines(json.dumps(task) + '\\n' for task in tasks)\n"
+    )
+    assert _script(folder, "task_files.py", code).returncode == 0
+    command = [sys.executable, "-m", "rllm.training.verl.train", "--cpu", "--smoke", "--config-dir",
+               str(folder / "runs/mine"), "--config-name", "agent_trainer", "data.train_files=[first.jsonl,second.jsonl]",
+               "rllm.reward_fn=zero_reward:zero", "actor_rollout_ref.model.path=runs/tiny-qwen3",
+               "data.max_prompt_length=512", "data.max_response_length=512",
+               "actor_rollout_ref.rollout.max_model_len=1024", "rllm.agent_loop.max_tokens_per_turn=64",
+               "trainer.resume_mode=disable"]  # the recipe as the refused resume above rewrote it: resume_mode=auto
+    proc = subprocess.run(command, cwd=folder, env=_env(folder), capture_output=True, text=True, timeout=1100)
+    output = proc.stdout + proc.stderr
+    (folder / "second_run.log").write_text(output)
+    assert proc.returncode != 0, output[-3000:]
+    assert "no learning signal: in all 2 step(s) every rollout of every group got the same reward" in output, \
+        output[-3000:]
+    assert "step 1: every group's rollouts got the same reward" in output  # the first step's warning
+    assert "global_step_2" in next(line for line in output.splitlines() if "removed the earlier run" in line)
+    metrics = [json.loads(line) for line in (folder / "runs/mine/metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2]  # both steps ran again; the end of the run refused them
+    import pyarrow.parquet as pq
+
+    indices = [[row["extra_info"]["index"] for row in pq.read_table(path).to_pylist()]
+               for path in sorted((folder / "runs/mine/data").glob("train_files_*.parquet"))]
+    assert indices == [[0, 1], [2, 3]]  # one row id per task across the two files (verl groups by it)
