@@ -237,6 +237,10 @@ TRACKER_FILE = "latest_checkpointed_iteration.txt"
 """verl's tracker of the last checkpointed step, in ``trainer.default_local_dir`` (``find_latest_ckpt_path``)."""
 CHECKPOINT_PREFIX = "global_step_"
 """verl's checkpoint folders: ``global_step_N`` in ``trainer.default_local_dir``."""
+MODEL_SHARD_PREFIX = "model_world_size_"
+"""verl's FSDP checkpoint manager's model shards in ``global_step_N/actor/`` (``model_world_size_W_rank_R.pt``): what
+a resume loads the weights from. A checkpoint saved with ``save_contents=[hf_model]`` (the smoke overlay's) has none,
+and verl then resumes the step count on the base model's weights, saying nothing."""
 RESUME_MODES = ("auto", "disable", "resume_path")
 """verl 0.9.1's ``trainer.resume_mode`` values (``PPOTrainerBase._load_checkpoint``)."""
 
@@ -460,11 +464,27 @@ def plan_run(config: Any, sizing: Sizing) -> RunStart:
             f"nothing is left to train. To train more, raise trainer.total_training_steps (or trainer.total_epochs) "
             f"above {step} and resume, or start a new run (trainer.resume_mode=disable, AgentTrainer(resume=False)), "
             "which removes this run's checkpoints")
+    if step is not None:
+        _check_resumable(mode, run_dir if mode == "auto" else None, config, step)
     earlier: tuple[Path, ...] = ()
     if mode == "disable" and run_dir.is_dir():
         found = sorted(p for p in run_dir.glob(f"{CHECKPOINT_PREFIX}*") if p.is_dir())
         earlier = tuple(found) + ((run_dir / TRACKER_FILE,) if (run_dir / TRACKER_FILE).is_file() else ())
     return RunStart(mode=mode, run_dir=run_dir, resume_step=step, total_steps=sizing.total_steps, earlier=earlier)
+
+
+def _check_resumable(mode: str, run_dir: Path | None, config: Any, step: int) -> None:
+    """Refuse resuming from a checkpoint without the actor's model shards: verl would train on the base weights."""
+    folder = (run_dir / f"{CHECKPOINT_PREFIX}{step}" if run_dir is not None
+              else Path(str(OmegaConf.select(config, "trainer.resume_from_path"))))
+    if not folder.is_absolute():
+        folder = Path.cwd() / folder
+    if not any((folder / "actor").glob(f"{MODEL_SHARD_PREFIX}*.pt")):
+        raise ConfigurationError(
+            f"trainer.resume_mode={mode}: the checkpoint {folder} holds no model shards to resume from (it was saved "
+            "with actor_rollout_ref.actor.checkpoint.save_contents without 'model', as a smoke run saves only its "
+            "Hugging Face model), so verl would go on from the base model's weights; start a new run "
+            "(trainer.resume_mode=disable, AgentTrainer(resume=False)), or save [model, optimizer, extra] to resume")
 
 
 def clear_earlier_run(start: RunStart) -> None:

@@ -182,10 +182,13 @@ def test_validation_without_validation_tasks_is_refused(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- a new run, or a resumed one
 
 
-def _earlier_run(run_dir: Path, steps: list[int], tracker: int | None) -> None:
-    """What verl leaves in its run directory: global_step_N folders and the tracker of the last one."""
+def _earlier_run(run_dir: Path, steps: list[int], tracker: int | None, shards: bool = True) -> None:
+    """What verl leaves in its run directory: global_step_N folders (the actor's model shard, with ``shards``) and
+    the tracker of the last one."""
     for step in steps:
-        (run_dir / f"global_step_{step}" / "actor").mkdir(parents=True)
+        (run_dir / f"global_step_{step}" / "actor" / "huggingface").mkdir(parents=True)
+        if shards:
+            (run_dir / f"global_step_{step}" / "actor" / "model_world_size_1_rank_0.pt").write_bytes(b"")
     if tracker is not None:
         (run_dir / "latest_checkpointed_iteration.txt").write_text(str(tracker))
 
@@ -323,3 +326,27 @@ def test_a_reward_returning_nan_is_refused_at_preflight_naming_the_task(tmp_path
                                  "returned RewardOutput(reward=nan); it returns a RewardOutput or a finite number "
                                  "(scoring the task {'capital': 'Paris', 'country': 'France', 'question': 'What is "
                                  "the capital of France?'})")
+
+
+def test_resuming_a_checkpoint_without_model_shards_is_refused(tmp_path: Path) -> None:
+    # A smoke run saves only its Hugging Face model; verl would resume its step count on the base weights.
+    from rllm.training.verl.train import plan_launch
+
+    _earlier_run(tmp_path / "run", [1], tracker=1, shards=False)
+    with pytest.raises(ConfigurationError, match=r"trainer.resume_mode=auto: the checkpoint .*global_step_1 holds no "
+                                                 r"model shards to resume from"):
+        plan_launch(_config(tmp_path, "data.train_batch_size=2", "trainer.resume_mode=auto"))
+    with pytest.raises(ConfigurationError, match="holds no model shards"):
+        plan_launch(_config(tmp_path, "data.train_batch_size=2", "trainer.resume_mode=resume_path",
+                            f"trainer.resume_from_path={tmp_path / 'run' / 'global_step_1'}"))
+
+
+def test_verls_checkpoint_manager_loads_the_model_from_the_shards_the_resume_check_looks_for() -> None:
+    import inspect
+
+    from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+
+    from rllm.training.verl.preflight import MODEL_SHARD_PREFIX
+
+    source = inspect.getsource(FSDPCheckpointManager.load_checkpoint)
+    assert f'f"{MODEL_SHARD_PREFIX}{{self.world_size}}_rank_{{self.rank}}.pt"' in source
