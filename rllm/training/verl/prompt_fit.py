@@ -254,7 +254,7 @@ class _Measure:
                                          infra_exceptions=settings.infra_exceptions)
             except TypeError as error:
                 raise ConfigurationError(f"{key}: {error}") from error
-                silence_printing(built)
+            silence_printing(built)
         before = len(self.engine.first)
         refusal = factory_refusal(settings)
         own_client = None if self.server is None else ServedPolicy(self.server, self.engine)
