@@ -94,7 +94,9 @@ async def _evaluate(model_dir: Path, tokenizer_dir: Path, config: Any, episodes_
     episodes_path.unlink(missing_ok=True)
     runner = AgentWorkflowEngine(StrandsWorkflow, workflow_args, engine, n_parallel_tasks=parallel,
                                  output_path=episodes_path, progress=progress)
-    return await runner.execute_tasks(lookup_task_rows(held_out), n_rollouts=config.eval_samples)
+    episodes = await runner.execute_tasks(lookup_task_rows(held_out), n_rollouts=config.eval_samples)
+    await engine.close()  # its decode thread stopped before the process goes on to exit
+    return episodes
 
 
 def evaluate_trained_policy(model_dir: Path, tokenizer_dir: Path, config: Any, episodes_path: Path, *,

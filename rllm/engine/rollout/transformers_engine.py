@@ -326,6 +326,18 @@ class TransformersEngine(TokenEngine):
         self._pending: deque[_Request] = deque()
         self._in_flight: set[_Request] = set()
         self._worker: threading.Thread | None = None
+        self._last_worker: threading.Thread | None = None
+
+    async def close(self) -> None:
+        """Wait until the decode thread has finished what is in flight and stopped (it stops by itself when idle).
+
+        Await it before the process exits: the thread is a daemon, and one still inside torch when the interpreter
+        shuts down aborts the process ("terminate called without an active exception"). The engine stays usable:
+        the next request starts a new thread.
+        """
+        worker = self._last_worker
+        if worker is not None and worker.is_alive():
+            await asyncio.to_thread(worker.join)
 
     async def _generate(
         self, prompt_ids: list[int], max_new_tokens: int, sampling: dict[str, Any], session: TokenSession
@@ -353,6 +365,7 @@ class TransformersEngine(TokenEngine):
             self._in_flight.add(request)
             if self._worker is None:
                 self._worker = threading.Thread(target=self._serve, name="TransformersEngine-decode", daemon=True)
+                self._last_worker = self._worker
                 self._worker.start()
         try:
             return await request.future

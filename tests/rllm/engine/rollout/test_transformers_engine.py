@@ -209,6 +209,21 @@ async def test_requests_arriving_mid_batch_join_it(tokenizer: Any, model: Any) -
     _assert_same(batched, serial)
 
 
+async def test_close_waits_for_the_decode_thread_and_the_engine_still_serves(tokenizer: Any, model: Any) -> None:
+    """``close()`` returns once the daemon decode thread has stopped (a process may then exit safely)."""
+    engine = TransformersEngine(model, tokenizer)
+    prompts = _prompts(tokenizer, 2)
+    await _sample_all(engine, prompts, [20, 20], [{"temperature": 0.0}] * 2)
+    worker = engine._last_worker
+    assert worker is not None
+    await engine.close()
+    assert not worker.is_alive()
+    again = await _sample_all(engine, prompts[:1], [5], [{"temperature": 0.0}])
+    assert len(again[0].token_ids) <= 5
+    await engine.close()
+    assert engine._last_worker is not None and not engine._last_worker.is_alive()
+
+
 async def test_seeded_sampling_is_the_same_batched_and_serial(tokenizer: Any, model: Any) -> None:
     """Each request's seed alone decides its draws: batched equals serial, another seed differs."""
     prompts = _prompts(tokenizer)
