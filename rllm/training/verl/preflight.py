@@ -110,14 +110,13 @@ def _import(key: str, path: str) -> Any:
 
 
 @contextlib.contextmanager
-def _policy_placeholder(own_client: bool) -> Iterator[None]:
-    """With ``own_client``, a policy endpoint for the factory to read (never called: nothing runs here)."""
-    if not own_client:
-        yield
-        return
-    values = {BASE_URL_ENV: "http://127.0.0.1:9/v1", API_KEY_ENV: "preflight", MODEL_ENV: "policy"}
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
+def policy_env_restored() -> Iterator[None]:
+    """The policy endpoint's variables (``RLLM_POLICY_*``) put back as they were on leaving.
+
+    Ray's workers inherit the launcher's environment: a placeholder or a measuring server's address must not
+    reach them.
+    """
+    saved = {name: os.environ.get(name) for name in (BASE_URL_ENV, API_KEY_ENV, MODEL_ENV)}
     try:
         yield
     finally:
@@ -126,6 +125,17 @@ def _policy_placeholder(own_client: bool) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+@contextlib.contextmanager
+def _policy_placeholder(own_client: bool) -> Iterator[None]:
+    """With ``own_client``, a policy endpoint for the factory to read (never called: nothing runs here)."""
+    if not own_client:
+        yield
+        return
+    with policy_env_restored():
+        os.environ.update({BASE_URL_ENV: "http://127.0.0.1:9/v1", API_KEY_ENV: "preflight", MODEL_ENV: "policy"})
+        yield
 
 
 def preflight(config: Any) -> Preflight:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
@@ -45,7 +44,7 @@ from rllm.integrations.strands import RLLMModel
 from rllm.integrations.strands.rollout import Built, build_agent, silence_printing
 from rllm.integrations.strands.teams import record_built
 from rllm.integrations.strands.traced import ServedPolicy, run_factory_built
-from rllm.tracing.policy_server import API_KEY_ENV, BASE_URL_ENV, MODEL_ENV, PolicyServer
+from rllm.tracing.policy_server import PolicyServer
 from rllm.training.verl._dotted import import_object
 from rllm.training.verl.agent_loop import (
     SETTINGS_KEY,
@@ -57,6 +56,7 @@ from rllm.training.verl.agent_loop import (
     row_task_or_row,
     split_prompt,
 )
+from rllm.training.verl.preflight import policy_env_restored
 
 logger = logging.getLogger(__name__)
 
@@ -210,19 +210,14 @@ class _Measure:
         if not self.settings.own_client:
             yield
             return
-        saved = {name: os.environ.get(name) for name in (BASE_URL_ENV, API_KEY_ENV, MODEL_ENV)}
-        self.server = await PolicyServer().start()
-        self.server.export()
-        try:
-            yield
-        finally:
-            await self.server.stop()
-            self.server = None
-            for name, value in saved.items():  # the launcher's environment as it was: Ray's workers inherit it
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
+        with policy_env_restored():
+            self.server = await PolicyServer().start()
+            self.server.export()
+            try:
+                yield
+            finally:
+                await self.server.stop()
+                self.server = None
 
     async def first_prompt(self, row: dict[str, Any], where: str) -> int:
         """The longest first prompt of ``row``'s rollout, in tokens (``where`` names the task in errors)."""
