@@ -133,8 +133,11 @@ async def test_a_recovered_overflow_never_decides_how_a_later_failure_ends(
     def engine() -> _FailingAt:
         return _FailingAt([None, ContextLengthExceededError("the prompt fills the context")], steps=2)
 
-    on_model = await _on_rllm_model(engine(), action, timeout_s=1.5)
-    own = await _on_own_client(server, engine(), action, timeout_s=1.5)
+    # Only the sleeping tool is meant to meet the timeout; a misconfigured tool must end the rollout as an
+    # error however slow a busy machine is (1.5 s once timed the own-client door out before its tool ran).
+    timeout_s = 3.0 if action == "sleep" else 60.0
+    on_model = await _on_rllm_model(engine(), action, timeout_s=timeout_s)
+    own = await _on_own_client(server, engine(), action, timeout_s=timeout_s)
 
     assert (own.end.reason, on_model.end.reason) == (reason, reason), (own.end, own.error, on_model.end)
     assert type(own.error) is type(on_model.error)
