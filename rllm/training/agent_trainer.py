@@ -39,6 +39,7 @@ from rllm.integrations.strands import Budget
 from rllm.training.curves import LEARNING_CURVE, read_metrics, validation_metrics, validation_score
 from rllm.training.verl._dotted import PICKLE_SUFFIX, import_object
 from rllm.training.verl.export import final_model_dir
+from rllm.training.verl.lora_export import adapter_dir
 from rllm.workflows import StrandsWorkflow
 
 logger = logging.getLogger(__name__)
@@ -74,6 +75,9 @@ class TrainResult:
         validation: Step -> verl's validation metrics at that step (``val-core/...``, ``val-aux/...``; step 0
             is before the first update); empty without a ``val_dataset``.
         curve_path: ``learning_curve.png`` (training reward, validation score, tool calls per episode by step).
+        adapter_path: A LoRA run's adapter in PEFT's format (``adapter_config.json``,
+            ``adapter_model.safetensors``; ``global_step_N/actor/lora_adapter``), beside ``model_path``, which then
+            holds the merged model; ``None`` for a full fine-tune.
     """
 
     metrics: list[dict[str, Any]]
@@ -84,6 +88,7 @@ class TrainResult:
     validation: dict[int, dict[str, float]] = dataclasses.field(default_factory=dict)
     curve_path: Path | None = None
     resumed_from_step: int | None = None
+    adapter_path: Path | None = None
 
 
 class AgentTrainer:
@@ -277,12 +282,14 @@ class AgentTrainer:
             score = validation_score(values)
             logger.info("validation at step %d: score %s", step, "n/a" if score is None else f"{score:.3f}")
         model_path = final_model_dir(self.run_dir, since=started)
-        logger.info("final policy (Hugging Face model): %s", model_path)
+        adapter_path = adapter_dir(model_path) if model_path is not None else None
+        logger.info("final policy (Hugging Face model): %s%s", model_path,
+                    f"; its LoRA adapter (PEFT): {adapter_path}" if adapter_path else "")
         curve = self.run_dir / LEARNING_CURVE
         return TrainResult(metrics=metrics, metrics_path=metrics_path, run_dir=self.run_dir, log_path=log_path,
                            model_path=model_path, validation=validation,
                            curve_path=curve if curve.is_file() and curve.stat().st_mtime >= started else None,
-                           resumed_from_step=resumed)
+                           resumed_from_step=resumed, adapter_path=adapter_path)
 
 
 @dataclass

@@ -114,6 +114,7 @@ def plot_learning_curve(history: Sequence[dict[str, Any]], path: Path, title: st
     if title:
         fig.suptitle(title, fontsize=9)
     fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)  # a run that failed before verl made its folder
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

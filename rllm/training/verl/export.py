@@ -90,20 +90,29 @@ def set_served_dtype(path: Path, dtype: str) -> str:
     return name
 
 
-def report_final_model(run_dir: Path, *, since: float | None = None, served_dtype: str | None = None) -> Path | None:
+def report_final_model(run_dir: Path, *, since: float | None = None, served_dtype: str | None = None,
+                       base_model: str | None = None) -> Path | None:
     """Log where the run's final policy is as a Hugging Face model (or that it exported none, and which keys do).
 
-    With ``served_dtype`` (the rollout's dtype), the export's config names it (``set_served_dtype``).
+    A LoRA run's export is split first into the merged model and the PEFT adapter beside it
+    (``rllm.training.verl.lora_export``; ``base_model``: the run's ``actor_rollout_ref.model.path``). With
+    ``served_dtype`` (the rollout's dtype), the export's config names it (``set_served_dtype``).
     """
     model = final_model_dir(run_dir, since=since)
     if model is None:
         logger.warning("this run exported no Hugging Face model: set trainer.save_freq > 0 and hf_model in "
                        "actor_rollout_ref.actor.checkpoint.save_contents (the shipped recipes do)")
-    else:
-        if served_dtype is not None:
-            set_served_dtype(model, served_dtype)
-        logger.info("the final policy as a Hugging Face model: %s (transformers loads it; serve it with "
-                    "`vllm serve %s`)", model, model)
+        return None
+    from rllm.training.verl.lora_export import split_lora_export
+
+    adapter = split_lora_export(model, base_model)
+    if served_dtype is not None:
+        set_served_dtype(model, served_dtype)
+    logger.info("the final policy as a Hugging Face model: %s (transformers loads it; serve it with "
+                "`vllm serve %s`)", model, model)
+    if adapter is not None:
+        logger.info("the LoRA adapter (PEFT): %s (PeftModel.from_pretrained(base, path) loads it; serve it with "
+                    "`vllm serve %s --enable-lora --lora-modules policy=%s`)", adapter, base_model or "BASE", adapter)
     return model
 
 

@@ -407,7 +407,8 @@ def _run(config: DictConfig, dry_run: bool, print_only: bool = False) -> None:
         draw_run_curve(run_dir, Path(os.environ["VERL_FILE_LOGGER_PATH"]), since=started)
     from rllm.training.verl.export import report_final_model
 
-    report_final_model(run_dir, since=started, served_dtype=str(config.actor_rollout_ref.rollout.dtype))
+    report_final_model(run_dir, since=started, served_dtype=str(config.actor_rollout_ref.rollout.dtype),
+                       base_model=str(config.actor_rollout_ref.model.path))
 
 
 @contextlib.contextmanager

@@ -53,18 +53,20 @@ class EmbeddedServerAdapter(_rollout_base()):  # type: ignore[misc]
         """Send the actor's full tensors to the server in buckets; the server checks that they arrived unchanged.
 
         Every rank drains ``weights`` (verl gathers each tensor collectively); only the replica's
-        first rank sends. A LoRA adapter or a delta flush is refused with a clear error.
+        first rank sends. With LoRA (verl's default ``lora.merge=false``) verl hands the adapter's tensors
+        and its ``peft_config`` (or, once, the frozen base with ``base_sync_done=False``): the server serves
+        base plus adapter, the way vLLM serves a LoRA. A merged LoRA arrives as full tensors.
+        A delta flush is refused with a clear error.
         """
         if wire_format != "named_tensors":
             raise NotImplementedError(f"the embedded rollout backend takes full tensors, not {wire_format!r}")
-        if kwargs.get("peft_config") is not None:
-            raise NotImplementedError("the embedded rollout backend serves merged weights: set "
-                                      "actor_rollout_ref.model.lora.merge=true")
+        peft_config = kwargs.get("peft_config")
+        part = "full" if peft_config is None else ("adapter" if kwargs.get("base_sync_done", True) else "base")
         sent = WeightFingerprint()
         bucket: dict[str, torch.Tensor] = {}
         size = 0
         if self.is_leader:
-            await self.server.begin_weight_update.remote()
+            await self.server.begin_weight_update.remote(peft_config, part)
         for name, tensor in weights:
             if not self.is_leader:
                 continue

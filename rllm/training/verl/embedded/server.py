@@ -50,8 +50,10 @@ class EmbeddedRolloutServer:
                                          context_length=context)
         self.free_cache_engine = bool(getattr(config, "free_cache_engine", True))
         self.weights_version: int | None = None
-        self._received: set[str] = set()
+        self._received: dict[str, str] = {}
+        self._expected: list[str] = []
         self._parameter_names = self._own_parameter_names()
+        self._by_sent_name = self._sent_names()
         self._inflight = 0
         self._rejecting = False
         self._asleep = False
@@ -66,6 +68,10 @@ class EmbeddedRolloutServer:
                 seen.add(id(parameter))
                 names.append(name)
         return names
+
+    def _sent_names(self) -> dict[str, str]:
+        """Each name a sync may send a tensor under (``_sent_name``) -> the served model's state-dict name."""
+        return {_sent_name(name): name for name in self.engine.model.state_dict()}
 
     # ---------------------------------------------------------------- generation
     async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: dict[str, Any],
@@ -144,37 +150,70 @@ class EmbeddedRolloutServer:
         """Profiling is not supported by this backend."""
 
     # ---------------------------------------------------------------- weights
-    async def begin_weight_update(self) -> None:
-        """Start a sync: the weights must all arrive before ``finish_weight_update``."""
-        self._received = set()
+    async def begin_weight_update(self, peft_config: dict[str, Any] | None = None, part: str = "full") -> None:
+        """Start a sync of ``part``: ``full`` weights, or with LoRA the frozen ``base`` or the ``adapter``.
+
+        The first LoRA sync wraps the served model in the adapter verl trains (``peft_config``, peft's
+        own ``get_peft_model``), so the server serves base plus adapter under the actor's own names.
+        Every tensor of ``part`` must then arrive before ``finish_weight_update``.
+        """
+        if peft_config is not None and not self._serves_adapter:
+            self._wrap_in_adapter(peft_config)
+        if part == "full" and self._serves_adapter:
+            raise WeightSyncError("the actor sent whole weights to a server that serves base plus a LoRA adapter")
+        if part not in {"full", "base", "adapter"}:
+            raise WeightSyncError(f"unknown weight-sync part {part!r}")
+        self._expected = [name for name in self._parameter_names
+                          if part == "full" or (_is_adapter(name) == (part == "adapter"))]
+        self._received = {}
+
+    @property
+    def _serves_adapter(self) -> bool:
+        return any(_is_adapter(name) for name in self._parameter_names)
+
+    def _wrap_in_adapter(self, peft_config: dict[str, Any]) -> None:
+        """Serve ``model`` plus the LoRA adapter ``peft_config`` describes, every tensor in the serving dtype."""
+        from peft import LoraConfig, get_peft_model
+
+        fields = {key: value for key, value in peft_config.items() if key in LoraConfig.__dataclass_fields__}
+        fields["inference_mode"] = True
+        model = get_peft_model(self.engine.model, LoraConfig(**fields)).to(self.dtype)
+        model.eval()
+        self.engine.model = model
+        self._parameter_names = self._own_parameter_names()
+        self._by_sent_name = self._sent_names()
+        logger.info("embedded rollout server %d: serving base plus a rank-%s LoRA adapter (%d adapter tensors)",
+                    self.replica_rank, fields.get("r"), sum(_is_adapter(n) for n in self._parameter_names))
 
     async def load_weights(self, bucket: dict[str, torch.Tensor]) -> None:
-        """Copy one bucket of the actor's tensors into the served model (names must be the model's)."""
+        """Copy one bucket of the actor's tensors into the served model (names as verl sends them)."""
         state = self.engine.model.state_dict()
-        unknown = sorted(set(bucket) - set(state))
+        unknown = sorted(name for name in bucket if self._by_sent_name.get(_sent_name(name)) not in state)
         if unknown:
             raise WeightSyncError(f"the actor sent tensors the served model does not have: {unknown[:5]}")
         with torch.no_grad():
             for name, tensor in bucket.items():
-                target = state[name]
+                own = self._by_sent_name[_sent_name(name)]
+                target = state[own]
                 if tuple(target.shape) != tuple(tensor.shape):
                     raise WeightSyncError(f"{name}: the actor sent shape {tuple(tensor.shape)}, "
                                           f"the served model has {tuple(target.shape)}")
                 target.copy_(tensor.to(target.device, target.dtype))
-        self._received.update(bucket)
+                self._received[name] = own
 
     async def finish_weight_update(self, global_steps: int | None, sent: str) -> dict[str, Any]:
-        """End a sync: every parameter received, and what arrived equal to what the adapter sent (transport check).
+        """End a sync: every tensor of the part received, and what arrived equal to what was sent (transport check).
 
         That the actor sent its current weights is not this check's business: the trainer compares
         ``weights_fingerprint`` with the actor's own after every sync (``rllm.training.verl.trainer.runner``).
         """
-        missing = [n for n in self._parameter_names if n not in self._received]
+        arrived = set(self._received.values())
+        missing = [n for n in self._expected if n not in arrived]
         if missing:
             raise WeightSyncError(f"the sync left {len(missing)} parameters of the served model unchanged: "
                                   f"{missing[:5]}")
         state = self.engine.model.state_dict()
-        received = WeightFingerprint.of((name, state[name]) for name in sorted(self._received)).digest
+        received = WeightFingerprint.of((name, state[self._received[name]]) for name in sorted(self._received)).digest
         if received != sent:
             raise WeightSyncError(f"the weights of step {global_steps} arrived at the rollout server changed "
                                   f"(fingerprint {received[:12]} != {sent[:12]} as sent)")
@@ -187,3 +226,24 @@ class EmbeddedRolloutServer:
         """Per served parameter (a tied weight once), the digest of its value now, as it is served."""
         state = self.engine.model.state_dict()
         return WeightFingerprint.of((name, state[name]) for name in self._parameter_names).tensors
+
+
+_ADAPTER_NAME = ".default."
+"""peft's name for the one adapter verl trains, inside its parameters' names."""
+
+
+def _is_adapter(name: str) -> bool:
+    """Whether served parameter ``name`` belongs to the LoRA adapter (``lora_A``/``lora_B`` of peft)."""
+    return ".lora_" in name
+
+
+def _sent_name(name: str) -> str:
+    """One name for a served parameter, whichever of verl's names for it a sync uses.
+
+    verl's LoRA sync sends the adapter as peft saves it (``get_peft_model_state_dict``: the adapter
+    name dropped) and the frozen base, once, as vLLM's LoRA models name it (``collect_lora_params``:
+    ``base_model.model.`` dropped, ``.base_layer`` kept on the modules it takes for targets); a
+    merged or full sync sends the checkpoint's names. All of them, and the served model's own, map here.
+    """
+    name = name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+    return name.replace(_ADAPTER_NAME, ".") if _is_adapter(name) else name

@@ -50,7 +50,12 @@ from rllm.training.verl.trainer.step_batch import (
     write_rollout_advantages,
 )
 from rllm.training.verl.verl_internals import as_sync_mode, ray_actor_class, trainer_tracker
-from rllm.training.verl.weights.served_weights import ServedWeightsCheck, actor_fingerprint, served_weights
+from rllm.training.verl.weights.served_weights import (
+    ServedWeightsCheck,
+    actor_fingerprint,
+    actor_trainable,
+    served_weights,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +75,7 @@ class GuardedTrainer(PPOTrainerSync):
         self._guards = TrainingGuards(read_settings(self.config).guards)
         self._served = ServedWeightsCheck()
         self._weight_metrics: dict[str, float] = {}
+        self._trainable: dict[str, float] = {}
         self._logprobs: LogProbPairs | None = None
         self._rollouts = StepRollouts(groups=[], rewards=[])
 
@@ -97,7 +103,24 @@ class GuardedTrainer(PPOTrainerSync):
 
     def on_init_end(self) -> None:
         super().on_init_end()
+        self._report_trainable()
         self._check_served_weights()
+
+    def _report_trainable(self) -> None:
+        """Log what the actor trains; a LoRA actor that trains more than its adapter stops the run before step 1."""
+        count = actor_trainable(self.actor_rollout_wg)
+        line = (f"the actor trains {count.trainable} of its {count.total} parameters "
+                f"({100.0 * count.trainable / max(count.total, 1):.4f}%)"
+                + (", all of them LoRA adapter weights (peft's count)" if count.adapter and not count.outside_adapter
+                   else ""))
+        logger.info(line)
+        print(line, flush=True)  # noqa: T201 - the console a user watches
+        if count.outside_adapter:
+            raise TrainingGuardError(f"the LoRA actor also trains {len(count.outside_adapter)} parameters outside its "
+                                     f"adapter ({', '.join(count.outside_adapter[:3])}): a LoRA run trains the adapter "
+                                     "only", step=self.global_steps)
+        self._trainable = {"rllm/actor/trainable_params": float(count.trainable),
+                           "rllm/actor/params": float(count.total)}
 
     def on_step_end(self) -> None:
         super().on_step_end()
@@ -175,6 +198,7 @@ class GuardedTrainer(PPOTrainerSync):
     def _compute_metrics(self, batch: Any, metrics: dict, timing_raw: dict, global_steps: int, epoch: int) -> Any:
         result = super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
         metrics.update(self._weight_metrics)
+        metrics.update(self._trainable)
         line = summary_line(global_steps, metrics)
         logger.info(line)
         print(line, flush=True)  # noqa: T201 - the console a user watches

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -58,6 +59,42 @@ def actor_fingerprint(worker_group: Any, dtype_name: str) -> WeightFingerprint:
     """The actor's fingerprint, computed in its FSDP workers (all of them take part; rank 0 answers)."""
     answers = ray.get([call_on_actor(worker, _actor_fingerprint, dtype_name) for worker in worker_group.workers])
     return WeightFingerprint(next(a for a in answers if a is not None))
+
+
+@dataclass(frozen=True)
+class TrainableCount:
+    """What the actor trains: its parameters by count (peft's own count for a LoRA actor).
+
+    Attributes:
+        trainable: Parameters the optimizer updates.
+        total: All parameters of the actor (a LoRA actor's frozen base included).
+        adapter: Whether the actor is a peft (LoRA) model.
+        outside_adapter: Names of trainable parameters that are not the adapter's (empty for a sound LoRA actor).
+    """
+
+    trainable: int
+    total: int
+    adapter: bool
+    outside_adapter: tuple[str, ...] = ()
+
+
+def _count_trainable(fused_worker: Any) -> TrainableCount:
+    """Runs in an FSDP worker: the actor's trainable and total parameters (a sharded one counted whole)."""
+    module = actor_module(fused_worker)
+    inner = getattr(module, "_fsdp_wrapped_module", module)
+    if hasattr(inner, "get_nb_trainable_parameters"):  # peft's count
+        trainable, total = inner.get_nb_trainable_parameters()
+        outside = tuple(name for name, parameter in inner.named_parameters()
+                        if parameter.requires_grad and ".lora_" not in name)
+        return TrainableCount(int(trainable), int(total), True, outside)
+    parameters = list(module.parameters())
+    return TrainableCount(sum(p.numel() for p in parameters if p.requires_grad), sum(p.numel() for p in parameters),
+                          False)
+
+
+def actor_trainable(worker_group: Any) -> TrainableCount:
+    """The actor's ``TrainableCount``, read in its first FSDP worker."""
+    return ray.get(call_on_actor(worker_group.workers[0], _count_trainable))
 
 
 def embedded_served_weights() -> list[ServedWeights]:
