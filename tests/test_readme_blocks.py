@@ -51,8 +51,8 @@ PYTHON_BLOCKS: dict[str, bool | str] = {
     "SGLangEngine(": "needs the hub (Qwen/Qwen3-4B's tokenizer) and an SGLang server; the same loop runs offline "
                      "in tests/rllm/tokens/test_renderer.py",
     "AgentWorkflowEngine(StrandsWorkflow, search_workflow_args": True,
-    # docs/train-your-own-agent.md: five blocks that build on each other (a module, a model, an evaluation, a
-    # training run, the trained model's evaluation), run in order by the page's own test, which asserts what they do.
+    # docs/train-your-own-agent.md: six blocks that build on each other (a module, a model, an evaluation, a
+    # training run, the trained model's evaluation, a LoRA run), run in order by the page's own test, which asserts what they do.
     "# my_agents.py": "a module the page's later blocks import; run in order by "
                       "tests/rllm/training/test_agent_trainer_cpu.py",
     "end_turns_early(build_tiny_qwen3(": "run in order by tests/rllm/training/test_agent_trainer_cpu.py",
@@ -62,6 +62,8 @@ PYTHON_BLOCKS: dict[str, bool | str] = {
                                "tests/rllm/training/test_agent_trainer_cpu.py",
     "train_dataset=tasks).train()": "trains Qwen3-4B on 8 GPUs and imports the reader's my_agents.py; the same call "
                                     "on a tiny model and CPU runs in tests/rllm/training/test_agent_trainer_cpu.py",
+    "\"actor_rollout_ref.model.lora_rank\": 8": "a verl LoRA run on CPU (two steps); run in order by "
+                                                "tests/rllm/training/test_agent_trainer_cpu.py",
     "final_model_dir(Path(\"runs/mine\"))": "evaluates the model the page's training run exported; run in order "
                                              "by tests/rllm/training/test_agent_trainer_cpu.py",
     "dict(agent_factory=my_agent, reward_fn=my_reward)": True,
@@ -75,6 +77,8 @@ PYTHON_BLOCKS: dict[str, bool | str] = {
 NOT_RUN_COMMANDS: dict[str, str] = {
     "python3 -m venv": "creates a venv and installs packages from the network; .ci/run runs the set-up line itself",
     "pip install": "installs packages from the network",
+    "vllm serve": "vLLM needs a GPU and does not install here; the adapter it serves is loaded with peft by "
+                  "tests/rllm/training/test_agent_trainer_cpu.py",
     ".venv/bin/pip install": "installs packages from the network",
     ".venv/bin/uv pip install": "installs packages from the network",
     ".venv/bin/ruff": "the CI command itself (.ci/run runs it)",

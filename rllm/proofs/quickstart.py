@@ -55,6 +55,17 @@ than 20 (two runs: 0.69 and 0.66 held-out at a training reward of 0.82-0.86), bu
 boxes 953-1000 of boxes numbered 1..1000; with random boxes (``LookupWorld``) 20 steps reach 0.77-0.88."""
 
 
+QUICKSTART_LORA: dict[str, Any] = {"rank": 32, "alpha": 64, "lr": 5.0e-4}
+"""``--lora``: verl's LoRA keys for the RLOO phase (the warm start stays a full fine-tune) and its learning rate."""
+
+
+def lora_overrides(rank: int) -> list[str]:
+    """The verl keys that train a rank-``rank`` LoRA adapter instead of every weight, at ``QUICKSTART_LORA``'s rate."""
+    return [f"actor_rollout_ref.model.lora_rank={rank}",
+            f"actor_rollout_ref.model.lora_alpha={2 * rank}",
+            f"actor_rollout_ref.actor.optim.lr={QUICKSTART_LORA['lr']}"]
+
+
 def quickstart_config(device: str, seed: int = 0, **overrides: Any) -> Any:
     """The learning proof's configuration for ``device`` with ``QUICKSTART`` and then ``overrides`` applied."""
     from rllm.proofs.local_trainer import ProofConfig
@@ -126,6 +137,9 @@ def _parser() -> argparse.ArgumentParser:
                         help=f"RLOO steps between held-out evaluations (default {QUICKSTART['eval_every']})")
     parser.add_argument("--verl-override", action="append", default=[], metavar="KEY=VALUE",
                         help="a Hydra override of the lookup_rloo recipe (repeatable)")
+    parser.add_argument("--lora", type=int, nargs="?", const=QUICKSTART_LORA["rank"], default=None, metavar="RANK",
+                        help=f"train a LoRA adapter in the RLOO phase (rank {QUICKSTART_LORA['rank']} when no RANK; "
+                             "the adapter is saved beside the merged model)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar in the evaluation")
     return parser
 
@@ -177,7 +191,8 @@ def main(argv: list[str] | None = None, **config_overrides: Any) -> int:
               f"evaluation of step 0)", flush=True)
 
     result = run_verl_proof(config, out, on_step=lambda row: print(_step_line(row), flush=True),
-                            overrides=[*checkpoint_overrides(config.rl_steps), *args.verl_override],
+                            overrides=[*checkpoint_overrides(config.rl_steps),
+                                       *(lora_overrides(args.lora) if args.lora else []), *args.verl_override],
                             on_warm_start=on_warm_start)
     summary = result.summary()
     if result.returncode != 0:

@@ -282,6 +282,8 @@ def check_served_weights(config: DictConfig) -> None:
         raise ConfigurationError(f"actor_rollout_ref.rollout.name={name}: rllm compares the served weights with the "
                                  f"actor's after every sync for {list(READERS)} only; set "
                                  "rllm.guards.served_weights=false to train without that check")
+    if uses_lora(config):
+        _check_lora_served(config, name)
     env_vars = OmegaConf.select(config, "ray_kwargs.ray_init.runtime_env.env_vars", default=None) or {}
     if name == "vllm" and str(env_vars.get(VLLM_RPC_ENV, os.environ.get(VLLM_RPC_ENV, ""))) != "1":
         raise ConfigurationError("actor_rollout_ref.rollout.name=vllm with rllm.guards.served_weights on: vLLM runs "
@@ -289,6 +291,29 @@ def check_served_weights(config: DictConfig) -> None:
                                  "engine's own processes); set "
                                  f"ray_kwargs.ray_init.runtime_env.env_vars.{VLLM_RPC_ENV}='1' as the vLLM recipe "
                                  "does, or rllm.guards.served_weights=false")
+
+
+def uses_lora(config: DictConfig) -> bool:
+    """Whether the actor trains a LoRA adapter (verl's keys ``model.lora_rank``, ``model.lora.rank``, an adapter)."""
+    model = "actor_rollout_ref.model"
+    rank = OmegaConf.select(config, f"{model}.lora.rank", default=0) or OmegaConf.select(
+        config, f"{model}.lora_rank", default=0) or 0
+    return int(rank) > 0 or OmegaConf.select(config, f"{model}.lora_adapter_path", default=None) is not None
+
+
+def _check_lora_served(config: DictConfig, name: str) -> None:
+    """A LoRA run's served weights are proven on the embedded backend serving base plus adapter (lora.merge=false)."""
+    from rllm.training.verl.embedded import BACKEND_NAME
+
+    if name != BACKEND_NAME:
+        raise ConfigurationError(f"actor_rollout_ref.rollout.name={name} with a LoRA actor: rllm compares the served "
+                                 f"LoRA adapter with the actor's on {BACKEND_NAME} only ({name} keeps adapters outside "
+                                 "the weights rllm reads); set rllm.guards.served_weights=false to train without that "
+                                 "check")
+    if OmegaConf.select(config, "actor_rollout_ref.model.lora.merge", default=False):
+        raise ConfigurationError(f"actor_rollout_ref.model.lora.merge=true: {BACKEND_NAME} serves base plus the "
+                                 "adapter and compares both with the actor's after every sync; leave lora.merge at "
+                                 "verl's default, false")
 
 
 def check_micro_batches(config: DictConfig) -> None:

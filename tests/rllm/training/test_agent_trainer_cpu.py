@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -32,7 +33,7 @@ pytest.importorskip("verl", reason="AgentTrainer runs verl's trainer (the train 
 
 REPO = Path(__file__).resolve().parents[3]
 PAGE = REPO / "docs" / "train-your-own-agent.md"
-pytestmark = [pytest.mark.timeout(1200), pytest.mark.slow(verl_runs=2)]
+pytestmark = [pytest.mark.timeout(1500), pytest.mark.slow(verl_runs=3)]
 
 
 def _python_blocks() -> list[str]:
@@ -70,9 +71,44 @@ def page_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[subpr
 
 def test_the_pages_blocks_are_a_module_a_model_an_evaluation_and_a_training_run() -> None:
     blocks = _python_blocks()
-    assert len(blocks) == 5
+    assert len(blocks) == 6
     assert "AgentWorkflowEngine" in blocks[2] and "AgentTrainer(" in blocks[3] and "cpu=True" in blocks[3]
     assert "final_model_dir" in blocks[4] and "TransformersEngine" in blocks[4]
+    assert '"actor_rollout_ref.model.lora_rank": 8' in blocks[5] and "PeftModel.from_pretrained" in blocks[5]
+
+
+def test_a_lora_smoke_run_trains_only_the_adapter_serves_it_every_step_and_keeps_it_for_peft(page_run: Any) -> None:
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    folder, runs = page_run
+    run_dir = folder / "runs/mine-lora"
+    log = (run_dir / "train.log").read_text()
+    counted = re.search(r"the actor trains (\d+) of its (\d+) parameters \([\d.]+%\), all of them LoRA adapter "
+                        r"weights \(peft's count\)", log)
+    assert counted, log[-3000:]
+    trainable, total = int(counted[1]), int(counted[2])
+    assert 0 < trainable < total / 10
+    metrics = [m for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if m["step"] > 0]
+    assert [m["step"] for m in metrics] == [1, 2]
+    for m in metrics:  # the served weights (the adapter included) were the actor's after every sync
+        assert m["data"]["rllm/weights/fingerprint_match"] == 1.0 and m["data"]["rllm/weights/exact"] == 1.0
+        assert m["data"]["rllm/actor/trainable_params"] == trainable
+    assert any(m["data"]["actor/grad_norm"] > 0 for m in metrics)
+    said = runs[4].stdout
+    adapter = run_dir / "global_step_2/actor/lora_adapter"
+    assert f"adapter: {adapter}" in said and f"merged model: {run_dir / 'global_step_2/actor/huggingface'}" in said
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    assert config["r"] == 8 and config["base_model_name_or_path"] == "runs/tiny-qwen3"
+    moved = float(said.split("the adapter moves the logits by")[1].split()[0])
+    assert moved > 0  # the saved adapter is not the untrained one (lora_B starts at zero)
+    prompt = torch.tensor([[13, 2048, 7, 99, 512]])
+    with torch.no_grad():
+        base = AutoModelForCausalLM.from_pretrained(folder / "runs/tiny-qwen3")
+        adapted = PeftModel.from_pretrained(base, str(adapter))(prompt).logits
+        merged = AutoModelForCausalLM.from_pretrained(run_dir / "global_step_2/actor/huggingface")(prompt).logits
+    assert torch.allclose(adapted, merged, atol=1e-4)  # the merged model is base plus this adapter
 
 
 def test_the_evaluation_scores_every_episode_of_the_users_tasks(page_run: Any) -> None:

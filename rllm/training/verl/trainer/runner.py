@@ -119,11 +119,11 @@ class GuardedTrainer(PPOTrainerSync):
             raise TrainingGuardError(f"the LoRA actor also trains {len(count.outside_adapter)} parameters outside its "
                                      f"adapter ({', '.join(count.outside_adapter[:3])}): a LoRA run trains the adapter "
                                      "only", step=self.global_steps)
-        self._trainable = {"rllm/actor/trainable_params": float(count.trainable),
-                           "rllm/actor/params": float(count.total)}
+        self._trainable = count.metrics()
 
     def on_step_end(self) -> None:
         super().on_step_end()
+        self._trainable = actor_trainable(self.actor_rollout_wg).metrics()  # the next step's metrics: peak memory
         try:
             self._check_served_weights()
         except TrainingGuardError as error:

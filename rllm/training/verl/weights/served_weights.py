@@ -70,26 +70,37 @@ class TrainableCount:
         total: All parameters of the actor (a LoRA actor's frozen base included).
         adapter: Whether the actor is a peft (LoRA) model.
         outside_adapter: Names of trainable parameters that are not the adapter's (empty for a sound LoRA actor).
+        peak_rss_bytes: The actor worker's peak resident memory so far (weights, gradients, optimizer state and
+            activations on CPU; on a GPU, verl's ``actor/perf/max_memory_allocated_gb`` says the device's).
     """
 
     trainable: int
     total: int
     adapter: bool
     outside_adapter: tuple[str, ...] = ()
+    peak_rss_bytes: int = 0
+
+    def metrics(self) -> dict[str, float]:
+        """``rllm/actor/*``: trainable and total parameters, the worker's peak resident memory in GB."""
+        return {"rllm/actor/trainable_params": float(self.trainable), "rllm/actor/params": float(self.total),
+                "rllm/actor/peak_rss_gb": self.peak_rss_bytes / 1024**3}
 
 
 def _count_trainable(fused_worker: Any) -> TrainableCount:
     """Runs in an FSDP worker: the actor's trainable and total parameters (a sharded one counted whole)."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kilobytes on Linux
     module = actor_module(fused_worker)
     inner = getattr(module, "_fsdp_wrapped_module", module)
     if hasattr(inner, "get_nb_trainable_parameters"):  # peft's count
         trainable, total = inner.get_nb_trainable_parameters()
         outside = tuple(name for name, parameter in inner.named_parameters()
                         if parameter.requires_grad and ".lora_" not in name)
-        return TrainableCount(int(trainable), int(total), True, outside)
+        return TrainableCount(int(trainable), int(total), True, outside, peak)
     parameters = list(module.parameters())
     return TrainableCount(sum(p.numel() for p in parameters if p.requires_grad), sum(p.numel() for p in parameters),
-                          False)
+                          False, peak_rss_bytes=peak)
 
 
 def actor_trainable(worker_group: Any) -> TrainableCount:

@@ -18,7 +18,7 @@ import torch
 
 os.environ.setdefault("OTEL_SDK_DISABLED", "true")
 
-from rllm.errors import WeightSyncError  # noqa: E402
+from rllm.errors import TrainingGuardError, WeightSyncError  # noqa: E402
 from rllm.offline.chat_templates import load_chat_template  # noqa: E402
 from rllm.offline.qwen_tokenizer import QwenVocab, build_qwen_tokenizer  # noqa: E402
 from rllm.offline.tiny_models import build_tiny_qwen3  # noqa: E402
@@ -133,3 +133,86 @@ def test_sleep_frees_and_wake_up_restores_the_weights_device_memory(model_dir: P
     assert asyncio.run(server.device_memory_bytes()) < held
     asyncio.run(server.wake_up())
     assert asyncio.run(server.device_memory_bytes()) >= held
+
+
+def _lora_actor(model_dir: Path) -> Any:
+    """A LoRA actor as verl builds it (peft's ``get_peft_model`` over the policy), one update along."""
+    from peft import LoraConfig, TaskType, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    actor = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+                           LoraConfig(task_type=TaskType.CAUSAL_LM, r=4, lora_alpha=8, target_modules="all-linear"))
+    _step(actor, seed=0)
+    return actor
+
+
+def _step(actor: Any, seed: int) -> None:
+    """A training step's effect on a LoRA actor: its adapter weights move (lora_B starts at zero)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in actor.named_parameters():
+            if ".lora_" in name:
+                parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
+
+
+async def _sync(server: EmbeddedRolloutServer, sent: dict[str, torch.Tensor], peft_config: dict, part: str,
+                step: int) -> None:
+    """What ``EmbeddedServerAdapter.update_weights`` does with one of verl's LoRA syncs."""
+    await server.begin_weight_update(peft_config, part)
+    await server.load_weights(sent)
+    await server.finish_weight_update(step, WeightFingerprint.of(sent.items()).digest)
+
+
+def _verls_lora_sync(actor: Any, base: bool) -> dict[str, torch.Tensor]:
+    """The tensors verl 0.9.1's LoRA sync sends: its own ``collect_lora_params`` (and ``replace_lora_wrapper``)."""
+    from verl.utils.fsdp_utils import collect_lora_params, replace_lora_wrapper
+
+    params = collect_lora_params(module=actor, layered_summon=False, base_sync_done=not base)
+    if base:
+        config = actor.peft_config["default"]
+        params = {replace_lora_wrapper(name, config): tensor for name, tensor in params.items()}
+    return {name: tensor.detach().clone() for name, tensor in params.items()}
+
+
+def test_a_lora_sync_serves_base_plus_the_adapter_under_the_actors_own_names(model_dir: Path) -> None:
+    pytest.importorskip("verl", reason="the sync's tensors are built by verl's own functions (the train extra)")
+    from rllm.training.verl.weights.served_weights import ServedWeights, ServedWeightsCheck
+
+    actor, server = _lora_actor(model_dir), _server(model_dir)
+    peft_config = actor.peft_config["default"].to_dict()
+    prompt = torch.tensor([_prompt(server)])
+    with torch.no_grad():
+        base_logits = server.engine.model(prompt).logits
+    asyncio.run(_sync(server, _verls_lora_sync(actor, base=True), peft_config, "base", 0))
+    asyncio.run(_sync(server, _verls_lora_sync(actor, base=False), peft_config, "adapter", 0))
+
+    served = WeightFingerprint(asyncio.run(server.weights_fingerprint()))
+    actor_print = WeightFingerprint.of(actor.state_dict().items())  # what actor_fingerprint computes in the worker
+    assert any(".lora_A.default." in name for name in served.tensors)
+    assert served.differences(actor_print) == [] and set(served.tensors) <= set(actor_print.tensors)
+    with torch.no_grad():
+        served_logits, actor_logits = server.engine.model(prompt).logits, actor(prompt).logits
+    assert torch.equal(served_logits, actor_logits) and not torch.allclose(served_logits, base_logits)
+
+    check = ServedWeightsCheck()
+    check.check(0, actor_print, [ServedWeights(served)])
+    stale = _verls_lora_sync(actor, base=False)  # the adapter of step 0, sent again after step 1
+    _step(actor, seed=1)
+    asyncio.run(_sync(server, stale, peft_config, "adapter", 1))
+    with pytest.raises(TrainingGuardError, match=r"step 1: .*\.lora_[AB]\.default\.weight differs from the actor's"):
+        check.check(1, WeightFingerprint.of(actor.state_dict().items()),
+                    [ServedWeights(WeightFingerprint(asyncio.run(server.weights_fingerprint())))])
+
+
+def test_a_lora_sync_missing_an_adapter_tensor_or_sending_whole_weights_is_refused(model_dir: Path) -> None:
+    pytest.importorskip("verl", reason="the sync's tensors are built by verl's own functions (the train extra)")
+    actor, server = _lora_actor(model_dir), _server(model_dir)
+    peft_config = actor.peft_config["default"].to_dict()
+    adapter = _verls_lora_sync(actor, base=False)
+    first = next(iter(adapter))
+    asyncio.run(server.begin_weight_update(peft_config, "adapter"))
+    asyncio.run(server.load_weights({name: tensor for name, tensor in adapter.items() if name != first}))
+    with pytest.raises(WeightSyncError, match="left 1 parameters of the served model unchanged"):
+        asyncio.run(server.finish_weight_update(1, "whatever"))
+    with pytest.raises(WeightSyncError, match="whole weights to a server that serves base plus a LoRA adapter"):
+        asyncio.run(server.begin_weight_update(None, "full"))

@@ -119,3 +119,76 @@ def test_the_export_loads_in_the_precision_the_rollouts_were_sampled_in(tmp_path
     assert set_served_dtype(folder, "fp16") == "float16"  # the GPU recipe's rollout.dtype, as vLLM served it
     with pytest.raises(ValueError, match="unknown dtype 'int8'"):
         set_served_dtype(folder, "int8")
+
+
+def _lora_checkpoint(run_dir: Path, step: int) -> tuple[Path, object]:
+    """``run_dir`` as verl 0.9.1 leaves a LoRA actor's checkpoint, and the trained peft model.
+
+    verl's ``FSDPCheckpointManager.save_checkpoint`` writes the peft model's full state dict (peft's names)
+    through a plain model's ``save_pretrained(state_dict=...)``, and ``lora_train_meta.json`` beside it.
+    """
+    import json
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    folder = _checkpoint(run_dir, step)
+    base_dir = run_dir / "base"
+    build_tiny_qwen3(build_tiny_tokenizer()).save_pretrained(base_dir)
+    from transformers import AutoModelForCausalLM
+
+    peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(base_dir),
+                                LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM"))
+    with torch.no_grad():
+        for name, parameter in peft_model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.05)
+    for file in folder.glob("*.safetensors"):
+        file.unlink()
+    AutoModelForCausalLM.from_config(peft_model.config).save_pretrained(folder, state_dict=peft_model.state_dict())
+    (folder.parent / "lora_train_meta.json").write_text(json.dumps({"r": 4, "lora_alpha": 8,
+                                                                     "task_type": "CAUSAL_LM"}))
+    return folder, peft_model
+
+
+def test_a_lora_export_becomes_the_merged_model_with_the_peft_adapter_beside_it(tmp_path: Path, caplog) -> None:
+    import json
+
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from rllm.training.verl.lora_export import adapter_dir
+
+    folder, trained = _lora_checkpoint(tmp_path, 2)
+    with caplog.at_level(logging.WARNING):
+        AutoModelForCausalLM.from_pretrained(folder)  # verl's export as it is: peft's names in a plain model
+    assert "base_model.model." in caplog.text  # transformers could not place them
+
+    assert report_final_model(tmp_path, served_dtype="float32", base_model=str(tmp_path / "base")) == folder
+    adapter = adapter_dir(folder)
+    assert adapter == folder.parent / "lora_adapter"
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"], config["base_model_name_or_path"]) == (4, 8, str(tmp_path / "base"))
+    assert set(config["target_modules"]) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                             "down_proj"}
+    ids = torch.tensor([[5, 17, 42, 7]])
+    with torch.no_grad():
+        expected = trained(ids).logits
+        base = AutoModelForCausalLM.from_pretrained(tmp_path / "base")
+        base_logits = base(ids).logits
+        loaded = PeftModel.from_pretrained(base, adapter)(ids).logits
+        merged = AutoModelForCausalLM.from_pretrained(folder)(ids).logits
+    assert torch.equal(loaded, expected) and not torch.allclose(loaded, base_logits)  # the adapter is the trained one
+    assert torch.allclose(merged, expected, atol=1e-5)  # and the merged model serves the same policy
+    assert report_final_model(tmp_path) == folder and adapter_dir(folder) == adapter  # done once
+
+
+def test_a_lora_export_without_verls_rank_record_is_refused(tmp_path: Path) -> None:
+    from rllm.errors import ConfigurationError
+    from rllm.training.verl.lora_export import split_lora_export
+
+    folder, _ = _lora_checkpoint(tmp_path, 1)
+    (folder.parent / "lora_train_meta.json").unlink()
+    with pytest.raises(ConfigurationError, match="holds a LoRA actor's weights but verl wrote no lora_train_meta.json"):
+        split_lora_export(folder)

@@ -1,6 +1,6 @@
 """Guards on what the rollout serves and returns, each shown stopping verl's own trainer on an injected fault.
 
-Weights that stop arriving at the rollout server, a generation the server cuts (its group left with
+Weights that stop arriving at the rollout server, a LoRA adapter that stops arriving, a generation the server cuts (its group left with
 one rollout), responses cut at the response length, a tool agent that never calls its tools, a policy whose
 every tool call the parser cannot read (stopped only on three steps' evidence). Every run
 is ``python -m rllm.training.verl.train --cpu`` on the lookup recipe (``fixtures.verl_fault_runs``); the
@@ -22,7 +22,7 @@ os.environ.setdefault("OTEL_SDK_DISABLED", "true")
 
 from fixtures.verl_fault_runs import train  # noqa: E402 - skips this module without the train extra
 
-pytestmark = pytest.mark.slow(verl_runs=5)
+pytestmark = pytest.mark.slow(verl_runs=6)
 
 
 @pytest.mark.timeout(900)
@@ -42,6 +42,21 @@ def test_weights_that_stop_arriving_stop_verls_trainer_at_the_recipes_learning_r
     workers = [p for p in probes if "default_worker" in p["argv"]]
     assert len(workers) >= 3, probes  # the task runner, the FSDP worker, the rollout server, the agent loop, ...
     assert all(p["env"]["VERL_FULL_DETERMINISM"] == "1" for p in workers), workers
+
+
+@pytest.mark.timeout(900)
+def test_a_stale_lora_adapter_stops_verls_trainer_naming_the_adapter_tensor(fault_run_model: Path,
+                                                                             tmp_path: Path) -> None:
+    # verl's own LoRA keys and nothing else about LoRA; every adapter sync after the first re-sends the first
+    # one's adapter (verl #7495: the rollout keeps sampling from the initial adapter). The transport check passes
+    # (what arrived is what was sent); the served adapter is not the actor's after step 1's update.
+    run = train(fault_run_model, tmp_path, "actor_rollout_ref.model.lora_rank=8", fault="stale_adapter")
+    assert run.returncode != 0, run.output[-3000:]
+    assert re.search(r"the actor trains \d+ of its \d+ parameters .*, all of them LoRA adapter weights", run.output)
+    assert re.search(r"step 1: after the weight sync, rollout server 0 serves weights that are not the actor's: "
+                     r"base_model\.model\.\S+\.lora_[AB]\.default\.weight differs from the actor's", run.output)
+    assert "step 1 guards:" not in run.output  # stopped before its metrics
+    assert "WeightSyncError" not in run.output  # not the transport check: the fingerprint of what is served
 
 
 @pytest.mark.timeout(900)

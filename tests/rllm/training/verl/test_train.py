@@ -133,9 +133,23 @@ def test_recipe_composes_and_passes_verls_validation() -> None:
     assert config.trainer.save_freq > 0 and config.trainer.test_freq > 0 and config.trainer.val_before_train
 
 
+def test_the_lora_recipe_trains_an_adapter_on_one_gpu_served_by_the_embedded_backend() -> None:
+    from rllm.training.verl.train import check_served_weights, uses_lora
+
+    with hydra.initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        config = prepare_config(hydra.compose(config_name="strands_agent_rloo_lora", overrides=[
+            "data.train_files=tasks.jsonl", "rllm.agent_loop.agent_factory=rllm.agents.lookup:lookup_agent"]))
+    model = config.actor_rollout_ref.model
+    assert uses_lora(config) and (model.lora_rank, model.lora_alpha, model.target_modules) == (32, 64, "all-linear")
+    assert config.trainer.n_gpus_per_node == 1 and config.actor_rollout_ref.rollout.name == "rllm_embedded"
+    assert config.actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype == "fp16"
+    assert not config.actor_rollout_ref.model.lora.get("merge", False)
+    check_served_weights(config)  # the served adapter can be proven here
+
+
 def test_every_recipe_key_is_a_verl_key_or_a_documented_addition() -> None:
     keys = []
-    for name in ("strands_base", CONFIG_NAME, "strands_agent_rloo"):
+    for name in ("strands_base", CONFIG_NAME, "strands_agent_rloo", "strands_agent_rloo_lora"):
         recipe = yaml.safe_load((CONFIG_DIR / f"{name}.yaml").read_text())
         recipe.pop("hydra"), recipe.pop("defaults", None)
         keys += leaves(recipe)
@@ -283,6 +297,11 @@ def test_launcher_dry_run_never_prints_the_token() -> None:
                                               r"rllm.guards.served_weights=false"),
     ("~ray_kwargs.ray_init.runtime_env.env_vars.VLLM_ALLOW_INSECURE_SERIALIZATION",
      r"rollout.name=vllm with rllm.guards.served_weights on: .*VLLM_ALLOW_INSECURE_SERIALIZATION=1"),
+    ("actor_rollout_ref.model.lora_rank=8", r"rollout.name=vllm with a LoRA actor: rllm compares the served LoRA "
+                                            r"adapter with the actor's on rllm_embedded only \(vllm keeps adapters .*\); set "
+                                            r"rllm.guards.served_weights=false"),
+    ("actor_rollout_ref.rollout.name=rllm_embedded actor_rollout_ref.model.lora_rank=8 "
+     "++actor_rollout_ref.model.lora.merge=true", r"lora.merge=true: rllm_embedded serves base plus the adapter"),
 ])
 def test_what_would_not_be_real_training_is_refused_at_launch(override: str, message: str) -> None:
     from rllm.training.verl.train import check_launch
@@ -402,6 +421,7 @@ def test_the_recipes_and_the_launch_script_are_package_data() -> None:
     assert '"rag" = ["launch_rag.sh"]' in pyproject
     assert CONFIG_DIR == Path(str(importlib.resources.files("rllm.training.verl") / "config"))
     assert {p.name for p in CONFIG_DIR.glob("*.yaml")} == {"agent_loops.yaml", f"{CONFIG_NAME}.yaml", "lookup_rloo.yaml",
-                                                          "strands_base.yaml", "strands_agent_rloo.yaml"}
+                                                          "strands_base.yaml", "strands_agent_rloo.yaml",
+                                                          "strands_agent_rloo_lora.yaml"}
     assert {p.name for p in (CONFIG_DIR / "overlay").glob("*.yaml")} == {"cpu.yaml", "smoke.yaml"}
     assert (importlib.resources.files("rag") / "launch_rag.sh").is_file()
