@@ -19,7 +19,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("core records, tokens and errors", ("rllm.errors", "rllm.retry", "rllm.transport", "rllm.types", "rllm.tokens", "rllm.parser", "rllm.processes", "rllm.secret_options")),
+    ("core records, tokens and errors", ("rllm.errors", "rllm.retry", "rllm.transport", "rllm.types", "rllm.records", "rllm.tokens", "rllm.parser", "rllm.processes", "rllm.secret_options")),
     ("rollout engines", ("rllm.engine",)),
     ("offline kit: tiny models, the real tokenizer's templates, scripted servers", ("rllm.offline",)),
     ("task pieces: data, rewards, tools, retrieval", ("rllm.data", "rllm.rewards", "rllm.tools", "rag")),
