@@ -57,6 +57,10 @@ def _rows(value: Any) -> list[Any]:
     return list(value)
 
 
+def _extra(value: Any) -> dict[str, Any]:
+    return dict(value) if isinstance(value, dict) else {}
+
+
 def _sample(index: int, extra: dict[str, Any], prompt: list[int], response: list[int], mask: list[int],
             logprobs: list[float], advantages: list[float], decode: Callable[[list[int]], list[str]] | None,
             ) -> dict[str, Any]:
@@ -100,8 +104,7 @@ def build_records(step: int, keys: Sequence[str], columns: dict[str, Any], *,
     records = []
     for rollout in order:
         indices = sorted(grouped[rollout], key=lambda i: rollout_of(keys[i])[1])
-        extras: list[dict[str, Any]] = [rows["extra_fields"][i] if isinstance(rows["extra_fields"][i], dict) else {}
-                                        for i in indices]
+        extras: list[dict[str, Any]] = [_extra(rows["extra_fields"][i]) for i in indices]
         last = extras[-1]
         told = next((extra.get(CONVERSATION_FIELD) for extra in reversed(extras) if extra.get(CONVERSATION_FIELD)),
                     None)
