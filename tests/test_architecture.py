@@ -30,6 +30,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("training: verl and local", ("rllm.training", "rllm.trainer")),
     ("evaluation", ("rllm.eval",)),
     ("the quickstart and the learning proofs: train, then evaluate", ("rllm.proofs",)),
+    ("the viewer: runs and evaluations in a browser", ("rllm.viewer",)),
 ]
 """Lowest first. The package files ``rllm/__init__.py`` and ``rllm/integrations/__init__.py`` only name what is inside."""
 
