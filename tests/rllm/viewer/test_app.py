@@ -15,23 +15,11 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
-from fixtures.viewer_data import TRAIN_QUESTION, evaluation_file, run_folder
+from fixtures.viewer_data import TRAIN_QUESTION
 from rllm.viewer import create_app, open_source
 from rllm.viewer.sources import JsonlIndex, NotServable
 
 REPO = Path(__file__).resolve().parents[3]
-
-
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import asyncio
-
-    from rllm.offline.tiny_models import build_tiny_tokenizer
-
-    folder = tmp_path_factory.mktemp("run")
-    asyncio.run(run_folder(folder, build_tiny_tokenizer()))
-    asyncio.run(evaluation_file(folder / "episodes.jsonl"))
-    return folder
 
 
 def test_the_run_page_shows_curves_guards_steps_and_the_evaluation(run_dir: Path) -> None:
