@@ -187,7 +187,8 @@ class Source:
 
     def steps(self) -> dict[int, Listing]:
         """The run's recorded steps, by number (the folder is read again: a running run adds steps)."""
-        folder = self.path / ROLLOUTS_DIR
+        folders = [self.path / ROLLOUTS_DIR, *sorted(self.path.glob(f"*/{ROLLOUTS_DIR}"))]  # the quickstart's
+        folder = next((f for f in folders if f.is_dir()), self.path / ROLLOUTS_DIR)  # are in its checkpoints/
         if self.is_run and folder.is_dir():
             for file in folder.iterdir():
                 match = _STEP_FILE.match(file.name)
@@ -232,7 +233,7 @@ def mean_reward(listing: Listing) -> float | None:
 def open_source(path: Path) -> Source:
     """``path`` as a ``Source``; ``NotServable`` naming it when it is neither a run directory nor an episodes file."""
     if path.is_dir():
-        markers = [*METRICS_FILES, ROLLOUTS_DIR, "learning_curve.png", "summary.json"]
+        markers = [*METRICS_FILES, ROLLOUTS_DIR, "learning_curve.png", "summary.json", f"checkpoints/{ROLLOUTS_DIR}"]
         evaluations = {p.name: Listing("eval", p.name, JsonlIndex(p))
                        for p in sorted(path.glob("*.jsonl")) if p.name not in METRICS_FILES and looks_like_episodes(p)}
         if evaluations or any((path / marker).exists() for marker in markers) or any(path.glob("global_step_*")):

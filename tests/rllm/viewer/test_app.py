@@ -104,3 +104,15 @@ def test_a_large_file_is_indexed_by_line_and_only_the_page_shown_is_parsed(tmp_p
     with path.open("a", encoding="utf-8") as file:  # an evaluation still writing
         file.write(json.dumps({**line, "id": "late:0"}) + "\n")
     assert len(index) == 2001 and index.read(2000)["id"] == "late:0"
+
+
+def test_the_quickstarts_layout_its_flat_metrics_and_steps_under_checkpoints(run_dir: Path, tmp_path: Path) -> None:
+    (tmp_path / "checkpoints" / "rollouts").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "rollouts" / "step_000003.jsonl").write_bytes(
+        (run_dir / "rollouts" / "step_000001.jsonl").read_bytes())
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 3, "reward": 0.25, "eval_reward": 0.5}) + "\n")
+
+    page = TestClient(create_app(open_source(tmp_path))).get("/")
+
+    assert re.findall(r'href="(/step/\d+)"', page.text) == ["/step/3"] and "0.2500" in page.text
+    assert 'data-key="reward"' in page.text and 'data-key="eval_reward"' in page.text
