@@ -75,6 +75,31 @@ def conversation(steps: Iterable[Any]) -> list[dict[str, Any]]:
     return entries
 
 
+def number_call_ids(conversations: Iterable[list[dict[str, Any]]]) -> None:
+    """Replace the tool-call ids in ``conversations`` (one rollout's) by ``call_1``, ``call_2``, ... in order, in place.
+
+    The parser invents a random id per call (the model writes none in the Hermes format), so the same rollout
+    run twice would record differently; numbered in order, calls and their results still pair up.
+    """
+    numbers: dict[str, str] = {}
+
+    def number(value: Any) -> Any:
+        if not isinstance(value, str) or not value:
+            return value
+        return numbers.setdefault(value, f"call_{len(numbers) + 1}")
+
+    for entries in conversations:
+        for entry in entries:
+            message = entry.get("message") if entry.get("kind") == "message" else None
+            if not isinstance(message, dict):
+                continue
+            if "tool_call_id" in message:
+                message["tool_call_id"] = number(message["tool_call_id"])
+            for call in message.get("tool_calls") or []:
+                if isinstance(call, dict) and "id" in call:
+                    call["id"] = number(call["id"])
+
+
 def content_text(content: Any) -> str:
     """The text of an OpenAI-format message's content (a string, or a list of parts with ``text``)."""
     if isinstance(content, str):

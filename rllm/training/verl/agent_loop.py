@@ -38,7 +38,7 @@ from rllm.integrations.strands.rollout import (
 )
 from rllm.integrations.strands.teams import record_built
 from rllm.integrations.strands.traced import ServedPolicy, run_factory_built
-from rllm.records import CONVERSATION_FIELD, conversation
+from rllm.records import CONVERSATION_FIELD, conversation, number_call_ids
 from rllm.rewards.base import score_answer
 from rllm.tokens.renderer import content_text
 from rllm.tracing.policy_server import PolicyServer
@@ -333,10 +333,13 @@ class StrandsAgentLoop(AgentLoopBase):
         high = max(highs) if highs else low
         if low is not None:
             extra.update(min_global_steps=int(low), max_global_steps=int(high if high is not None else low))
-        record = "" if self.records.every_n_steps is None else json.dumps({
-            "task": _record_task(row),
-            "trajectories": [{"name": t.name, "conversation": conversation(t.steps)} for t in finished.trajectories],
-        }, default=str)
+        record = ""
+        if self.records.every_n_steps is not None:  # the rollout's record (rllm.training.verl.trainer.rollout_records)
+            conversations = [conversation(t.steps) for t in finished.trajectories]
+            number_call_ids(conversations)
+            threads = [{"name": t.name, "conversation": c} for t, c in zip(finished.trajectories, conversations,
+                                                                          strict=True)]
+            record = json.dumps({"task": _record_task(row), "trajectories": threads}, default=str)
         metrics = AgentLoopMetrics(generate_sequences=finished.generation_seconds, tool_calls=finished.tool_seconds,
                                    num_preempted=finished.num_preempted)
         return [AgentLoopOutput(**sample, metrics=metrics, extra_fields={

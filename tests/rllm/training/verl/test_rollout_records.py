@@ -41,6 +41,8 @@ async def test_a_steps_records_hold_task_conversation_reward_advantage_and_train
     kinds = [(e["kind"], e.get("message", {}).get("role")) for e in right["trajectories"][0]["conversation"]]
     assert kinds == [("message", "system"), ("message", "user"), ("output", None), ("message", "tool"),
                      ("output", None)]
+    # The parser's random call id numbered in order: the same rollout records alike, each result with its call.
+    assert right["trajectories"][0]["conversation"][3]["message"]["tool_call_id"] == "call_1"
     call = right["trajectories"][0]["conversation"][2]["tool_calls"][0]
     assert call == {"name": "lookup", "arguments": '{"key": "France"}'}
     (sample,) = right["samples"]
