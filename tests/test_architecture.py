@@ -19,7 +19,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("core records, tokens and errors", ("rllm.errors", "rllm.retry", "rllm.transport", "rllm.types", "rllm.tokens", "rllm.parser", "rllm.processes", "rllm.secret_options")),
+    ("core records, tokens and errors", ("rllm.errors", "rllm.retry", "rllm.transport", "rllm.types", "rllm.records", "rllm.tokens", "rllm.parser", "rllm.processes", "rllm.secret_options")),
     ("rollout engines", ("rllm.engine",)),
     ("offline kit: tiny models, the real tokenizer's templates, scripted servers", ("rllm.offline",)),
     ("task pieces: data, rewards, tools, retrieval", ("rllm.data", "rllm.rewards", "rllm.tools", "rag")),
@@ -30,6 +30,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("training: verl and local", ("rllm.training", "rllm.trainer")),
     ("evaluation", ("rllm.eval",)),
     ("the quickstart and the learning proofs: train, then evaluate", ("rllm.proofs",)),
+    ("the viewer: runs and evaluations in a browser", ("rllm.viewer",)),
 ]
 """Lowest first. The package files ``rllm/__init__.py`` and ``rllm/integrations/__init__.py`` only name what is inside."""
 

@@ -218,6 +218,7 @@ def main(argv: list[str] | None = None, **config_overrides: Any) -> int:
     print(f"held-out reward {result.eval_reward_before:.3f} -> {result.eval_reward_after:.3f} in {result.steps} "
           f"RLOO steps; {summary['seconds']:.0f}s in all (warm start {result.warm_start_seconds:.0f}s, "
           f"verl {result.verl_seconds:.0f}s); learning curve: {out / 'learning_curve.png'}", flush=True)
+    print(f"see what it trained on, step by step: python -m rllm.viewer {out}", flush=True)
     if not result.passed:
         for failure in result.failures:
             print(f"FAILED: {failure}", file=sys.stderr)

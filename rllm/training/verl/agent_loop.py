@@ -38,6 +38,7 @@ from rllm.integrations.strands.rollout import (
 )
 from rllm.integrations.strands.teams import record_built
 from rllm.integrations.strands.traced import ServedPolicy, run_factory_built
+from rllm.records import CONVERSATION_FIELD, conversation, number_call_ids
 from rllm.rewards.base import score_answer
 from rllm.tokens.renderer import content_text
 from rllm.tracing.policy_server import PolicyServer
@@ -50,6 +51,7 @@ from rllm.training.verl.settings import (
     SETTINGS_KEY,
     LoopSettings,
     loop_settings,
+    read_settings,
 )
 from rllm.types import TerminationReason
 
@@ -116,6 +118,12 @@ def row_task_or_row(row: dict[str, Any]) -> dict[str, Any]:
     return plain if task is None else task
 
 
+def _record_task(row: dict[str, Any]) -> Any:
+    """The task a rollout record shows: the user's task a row of ``task_rows`` holds, else the row's prompt."""
+    task = row_task({key: _plain(value) for key, value in row.items() if key in ("extra_info", "raw_prompt")})
+    return task if task is not None else {"raw_prompt": _plain(row.get("raw_prompt"))}
+
+
 def task_key(raw_prompt: Any) -> str:
     """A key of the row's own prompt: every rollout of one verl group shares it, whatever prompt a factory builds."""
     text = json.dumps(_plain(raw_prompt), sort_keys=True, default=str)
@@ -175,6 +183,7 @@ class StrandsAgentLoop(AgentLoopBase):
                 "actor_rollout_ref.rollout.multi_turn.tool_config_path / function_tool_path"
             )
         self.settings = loop_settings(self.config)
+        self.records = read_settings(self.config).rollout_records
         self.name = name or "strands_agent"
         self.prompt_length = int(self.rollout_config.prompt_length)
         self.response_length = int(self.rollout_config.response_length)
@@ -324,9 +333,17 @@ class StrandsAgentLoop(AgentLoopBase):
         high = max(highs) if highs else low
         if low is not None:
             extra.update(min_global_steps=int(low), max_global_steps=int(high if high is not None else low))
+        record = ""
+        if self.records.every_n_steps is not None:  # the rollout's record (rllm.training.verl.trainer.rollout_records)
+            conversations = [conversation(t.steps) for t in finished.trajectories]
+            number_call_ids(conversations)
+            threads = [{"name": t.name, "conversation": c} for t, c in zip(finished.trajectories, conversations,
+                                                                          strict=True)]
+            record = json.dumps({"task": _record_task(row), "trajectories": threads}, default=str)
         metrics = AgentLoopMetrics(generate_sequences=finished.generation_seconds, tool_calls=finished.tool_seconds,
                                    num_preempted=finished.num_preempted)
         return [AgentLoopOutput(**sample, metrics=metrics, extra_fields={
-                    **extra, "sample_index": index, "agent": finished.sample_names[index]})
+                    **extra, "sample_index": index, "agent": finished.sample_names[index],
+                    CONVERSATION_FIELD: record if index == len(samples) - 1 else ""})
                 for index, sample in enumerate(samples)]
 

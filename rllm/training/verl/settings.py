@@ -31,6 +31,8 @@ GUARDS_KEY = f"{BLOCK_KEY}.guards"
 """Where the recipe holds the guard settings (the fields of ``GuardSettings``)."""
 SETTINGS_KEY = f"{BLOCK_KEY}.agent_loop"
 """Where the recipe holds the agent loop's settings (the fields of ``AgentLoopBlock``)."""
+RECORDS_KEY = f"{BLOCK_KEY}.rollout_records"
+"""Where the recipe holds which steps' rollouts are kept in the run directory (``RolloutRecordSettings``)."""
 REWARD_KEY = f"{BLOCK_KEY}.reward_fn"
 """The recipe's reward: ``module:function`` scoring ``(task, final_answer)`` as evaluation does."""
 MULTI_TURN_KEY = "actor_rollout_ref.rollout.multi_turn"
@@ -252,6 +254,28 @@ class GuardSettings:
 
 
 @dataclass(frozen=True)
+class RolloutRecordSettings:
+    """``rllm.rollout_records``: the rollouts a run keeps, ``rollouts/step_NNNNNN.jsonl`` in its directory.
+
+    Each line is one rollout as trained: task, conversation, reward, advantage, ending and per sample its
+    tokens with loss mask and log-probs (``rllm.training.verl.trainer.rollout_records``; ``python -m
+    rllm.viewer RUN_DIR`` shows them).
+
+    Attributes:
+        every_n_steps: Keep the rollouts of every Nth step (1: every step; null: none, and the agent loop
+            sends no conversation to the trainer).
+        max_per_step: Most rollouts kept per step, the first in the batch's order (null: all of them).
+    """
+
+    every_n_steps: int | None = _key(1, _number(low=1, whole=True, null="no records"))
+    max_per_step: int | None = _key(None, _number(low=1, whole=True, null="every rollout of the step"))
+
+    def keeps(self, step: int) -> bool:
+        """Whether step ``step``'s rollouts are kept."""
+        return self.every_n_steps is not None and step % self.every_n_steps == 0
+
+
+@dataclass(frozen=True)
 class AgentLoopBlock:
     """``rllm.agent_loop`` as the recipe writes it, checked (``loop_settings`` resolves it: ``LoopSettings``).
 
@@ -302,12 +326,15 @@ class RllmSettings:
             (null: the recipe's ``reward_kwargs.scorer`` scores instead).
         agent_loop: ``rllm.agent_loop`` (``AgentLoopBlock``); null where the recipe has none (an agent
             loop refuses to run without it).
+        rollout_records: ``rllm.rollout_records`` (``RolloutRecordSettings``; null: every step's rollouts kept).
     """
 
     guards: GuardSettings = field(default_factory=GuardSettings, metadata={_SECTION: GuardSettings})
     max_infra_failure_share: float | None = _key(0.5, _share("never stop"))
     reward_fn: str | None = _key(None, _path("a function (task, final_answer) returning a reward", "the scorer"))
     agent_loop: AgentLoopBlock | None = field(default=None, metadata={_SECTION: AgentLoopBlock})
+    rollout_records: RolloutRecordSettings = field(default_factory=RolloutRecordSettings,
+                                                   metadata={_SECTION: RolloutRecordSettings})
 
 
 SECTION_KIND = Kind("a mapping of its keys, or null (the defaults)",

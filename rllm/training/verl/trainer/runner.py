@@ -41,6 +41,7 @@ from rllm.training.verl.trainer.guards import (
     summary_line,
     zero_advantage_share,
 )
+from rllm.training.verl.trainer.rollout_records import write_step_records
 from rllm.training.verl.trainer.step_batch import (
     LogProbPairs,
     audit_logprob_pairs,
@@ -72,7 +73,9 @@ class GuardedTrainer(PPOTrainerSync):
     def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
         with as_sync_mode(config):  # verl's trainer branches on its mode being "sync" while it initialises
             super().__init__(config, *args, **kwargs)
-        self._guards = TrainingGuards(read_settings(self.config).guards)
+        settings = read_settings(self.config)
+        self._guards = TrainingGuards(settings.guards)
+        self._records = settings.rollout_records
         self._served = ServedWeightsCheck()
         self._weight_metrics: dict[str, float] = {}
         self._trainable: dict[str, float] = {}
@@ -185,6 +188,11 @@ class GuardedTrainer(PPOTrainerSync):
         if split and estimator == "rloo":  # verl runs RLOO over rows; GRPO it already counts per rollout
             batch = write_rollout_advantages(batch)
         metrics[f"{PREFIX}zero_advantage_group_share"] = zero_advantage_share(*read_advantages(batch))
+        if self._records.keeps(self.global_steps):  # what this step trains on, with its advantages
+            write_step_records(batch, self.global_steps, str(self.config.trainer.default_local_dir),
+                               tokenizer=getattr(self, "tokenizer", None), max_rollouts=self._records.max_per_step,
+                               with_logprobs=bool(OmegaConf.select(
+                                   self.config, "actor_rollout_ref.rollout.calculate_log_probs", default=True)))
         return batch
 
     def _update_actor(self, batch: Any, metrics: dict) -> Any:
