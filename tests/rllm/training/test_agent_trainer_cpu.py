@@ -160,6 +160,26 @@ def test_the_run_leaves_a_model_transformers_loads_whose_weights_moved(page_run:
     assert "the final policy as a Hugging Face model: " + str(model_dir) in (folder / "runs/mine/train.log").read_text()
 
 
+def test_the_run_keeps_every_steps_rollouts_and_the_viewer_shows_their_trained_tokens(page_run: Any) -> None:
+    import statistics
+
+    from starlette.testclient import TestClient
+
+    from rllm.viewer import create_app, open_source
+
+    folder, _ = page_run
+    run = folder / "runs/mine"
+    metrics = {m["step"]: m["data"] for m in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
+    for step in (1, 2):
+        records = [json.loads(line) for line in (run / f"rollouts/step_{step:06d}.jsonl").read_text().splitlines()]
+        assert records and all(r["step"] == step and r["task_text"] and r["trajectories"] and r["samples"]
+                               for r in records)
+        assert all(len(s["response_ids"]) == len(s["loss_mask"]) == len(s["logprobs"]) == len(s["response_tokens"])
+                   and sum(s["loss_mask"]) > 0 for r in records for s in r["samples"])
+        assert statistics.fmean(r["reward"] for r in records) == pytest.approx(metrics[step]["critic/score/mean"])
+    assert 'class="tok tok-trained"' in TestClient(create_app(open_source(run))).get("/step/2/episode/0").text
+
+
 def test_the_run_draws_its_curve_reports_validation_and_writes_tensorboard_events(page_run: Any) -> None:
     folder, runs = page_run
     curve = folder / "runs/mine/learning_curve.png"
