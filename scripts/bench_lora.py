@@ -7,14 +7,16 @@ Qwen's first 8k ranks) trains the lookup recipe ``--steps`` RLOO steps of 8 boxe
 weight and then a rank-``--rank`` adapter on every linear layer (verl's own keys, nothing else changed), and
 prints per run: the trainable and total parameters (``rllm/actor/*``, peft's count for LoRA), the actor
 worker's peak resident memory (``rllm/actor/peak_rss_gb``: weights, gradients, Adam state and activations on
-CPU) and the median seconds of the actor update and of the whole step after the first. Exits non-zero when a
-run fails.
+CPU) and the median seconds of the actor update and of the whole step after the first. The reward is 0 and 1 in
+turn within each box's rollouts (``varied_score``): a random model's groups then have a signal to train on. Exits
+non-zero when a run fails.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -29,6 +31,16 @@ from rllm.proofs.local_trainer import ProofConfig
 from rllm.proofs.quickstart import lora_overrides
 from rllm.proofs.verl_trainer import run_verl_trainer, verl_overrides, write_lookup_rows
 
+_SCORED: dict[object, int] = {}
+
+
+def varied_score(task: dict, final_answer: str, **_: object) -> dict[str, float]:
+    """0 and 1 in turn for the rollouts of each box: a random model's groups have a learning signal to train on."""
+    turn = _SCORED.get(task["id"], 0)
+    _SCORED[task["id"]] = turn + 1
+    return {"score": float(turn % 2)}
+
+
 MODELS = {"page tiny Qwen3 64x2": 64, "quickstart Qwen3 256x2": 256}
 """The models compared, by hidden size (2 layers each)."""
 
@@ -36,7 +48,12 @@ MODELS = {"page tiny Qwen3 64x2": 64, "quickstart Qwen3 256x2": 256}
 def _run(name: str, model_dir: Path, data_dir: Path, out: Path, config: ProofConfig, extra: list[str]) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     overrides = [*verl_overrides(config, model_dir, data_dir, out), "trainer.test_freq=-1",
-                 "trainer.val_before_train=false", "trainer.save_freq=-1", *extra]
+                 "trainer.val_before_train=false", "trainer.save_freq=-1",
+                 # A random model writes to the end of every response and calls no tool: what it trains on is the
+                 # scripted score above, and the guards that would stop it on those are off.
+                 "reward.custom_reward_function.reward_kwargs.scorer=bench_lora:varied_score",
+                 "rllm.guards.max_truncated_share=null", "rllm.guards.max_steps_without_tool_calls=null",
+                 "rllm.guards.max_malformed_tool_call_share=null", *extra]
     started = time.perf_counter()
     code = run_verl_trainer(overrides, cpu=True, metrics_path=out / "verl_metrics.jsonl", log_path=out / "verl.log")
     wall = time.perf_counter() - started
@@ -59,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--rank", type=int, default=32)
     args = parser.parse_args(argv)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent),
+                                                             os.environ.get("PYTHONPATH")]))  # the scorer, in verl
     out: Path = args.out.resolve()
     tokenizer = build_qwen_tokenizer(load_chat_template("qwen3"), QwenVocab.QWEN_FIRST_8K)
     config = ProofConfig.for_device("cpu", rl_steps=args.steps, eval_every=args.steps)

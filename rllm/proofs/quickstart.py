@@ -40,6 +40,7 @@ from rllm.agents.lookup import (
     lookup_task_rows,
     lookup_tools,
 )
+from rllm.training.verl.lora_export import adapter_dir
 from rllm.types import Episode
 
 logger = logging.getLogger(__name__)
@@ -206,6 +207,10 @@ def main(argv: list[str] | None = None, **config_overrides: Any) -> int:
         evaluation = evaluate_trained_policy(model_dir, out / "warm_start_model", config, out / "episodes.jsonl",
                                              progress=not args.no_progress)
         summary["workflow_eval"] = evaluation
+        adapter = adapter_dir(model_dir) if args.lora else None
+        if adapter is not None:
+            summary["adapter_path"] = str(adapter)
+            print(f"the LoRA adapter (PEFT): {adapter}; the merged model evaluated: {model_dir}", flush=True)
         print(f"AgentWorkflowEngine: held-out reward {evaluation['reward']:.3f} over {evaluation['scored']} "
               f"episodes, {evaluation['lookups_per_episode']:.2f} lookups per episode "
               f"({evaluation['episodes_path']})", flush=True)
