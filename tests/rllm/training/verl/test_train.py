@@ -54,6 +54,8 @@ ADDED_KEYS = {
     "ray_kwargs.ray_init.runtime_env.env_vars.VLLM_ALLOW_INSECURE_SERIALIZATION":
         "vLLM's workers (collective_rpc of rllm.training.verl.weights.engine_weights), check_launch",
     "rllm.max_infra_failure_share": "rllm.training.verl.manager.StrandsAgentLoopManager",
+    "rllm.rollout_records.every_n_steps": "rllm.training.verl.settings (GuardedTrainer's rollout records)",
+    "rllm.rollout_records.max_per_step": "rllm.training.verl.settings (GuardedTrainer's rollout records)",
     "rllm.agent_loop.tool_factory": "rllm.training.verl.settings.loop_settings",
     "rllm.agent_loop.agent_factory": "rllm.training.verl.settings.loop_settings",
     "rllm.agent_loop.tool_kwargs.retrieval_url": "rllm.training.verl.settings.loop_settings",
