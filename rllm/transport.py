@@ -1,9 +1,10 @@
 """One HTTP transport for rllm's clients: pooled, retried, bounded in time, and failures described one way.
 
 The engines (``OpenAIEngine``, the token engines' ``JSONClient``) and the retrieval client
-(``rag.client``) send JSON through ``HTTPTransport``; the ``http_request`` tool opens its client
-with ``open_client`` (it neither pools nor retries: a policy's request is sent once, over a
-connection checked for it alone).
+(``rag.client``) send JSON through ``HTTPTransport``; the ``http_request`` tool and the tracing
+proxy's ``TokenIdBackend`` open their clients with ``open_client`` (neither retries: a policy's
+request is sent once, and the backend reports each failure to LiteLLM as it came), the SGLang
+served-weights check with ``open_sync_client``. No other module builds an HTTP client.
 
 * One ``httpx.AsyncClient`` per event loop (an httpx pool cannot cross loops, and Strands'
   synchronous ``Agent.__call__`` runs each call on a fresh loop), with a finite timeout per attempt.
@@ -13,6 +14,10 @@ connection checked for it alone).
   status with the server's own words, or an answer that is not JSON. ``HTTPFailure.infrastructure``
   says whether the request itself was at fault; each caller turns the failure into its own typed
   error of ``rllm.errors`` (or ``rag.errors``) with the ``error`` function it gives the transport.
+
+Importing this module loads httpx and nothing else of rllm: ``rllm.retry`` (tenacity) is imported
+when an ``HTTPTransport`` is made, so the LiteLLM proxy's own environment, which has httpx but not
+tenacity, imports ``open_client`` too (``rllm.tracing.backend`` runs there).
 """
 
 from __future__ import annotations
@@ -20,11 +25,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from rllm.retry import PerLoop, backoff_retrying
+if TYPE_CHECKING:
+    from rllm.retry import PerLoop
 
 logger = logging.getLogger(__name__)
 
@@ -116,14 +122,25 @@ def is_infrastructure_status(status: int) -> bool:
     return status == 429 or status >= 500
 
 
+def _client_options(timeout: float, base_url: str, max_connections: int | None, headers: Mapping[str, str] | None,
+                    follow_redirects: bool) -> dict[str, Any]:
+    options: dict[str, Any] = {"base_url": base_url, "timeout": timeout, "headers": dict(headers or {}),
+                               "follow_redirects": follow_redirects}
+    if max_connections is not None:
+        options["limits"] = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+    return options
+
+
 def open_client(*, timeout: float, base_url: str = "", max_connections: int | None = None,
                 headers: Mapping[str, str] | None = None, follow_redirects: bool = False) -> httpx.AsyncClient:
     """A new ``httpx.AsyncClient`` with a finite timeout; ``max_connections`` sizes its pool (else httpx's default)."""
-    extra: dict[str, Any] = {}
-    if max_connections is not None:
-        extra["limits"] = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-    return httpx.AsyncClient(base_url=base_url, timeout=timeout, headers=dict(headers or {}),
-                             follow_redirects=follow_redirects, **extra)
+    return httpx.AsyncClient(**_client_options(timeout, base_url, max_connections, headers, follow_redirects))
+
+
+def open_sync_client(*, timeout: float, base_url: str = "", max_connections: int | None = None,
+                     headers: Mapping[str, str] | None = None, follow_redirects: bool = False) -> httpx.Client:
+    """``open_client``'s blocking twin, for callers outside an event loop (the served-weights check)."""
+    return httpx.Client(**_client_options(timeout, base_url, max_connections, headers, follow_redirects))
 
 
 class _RetryableStatus(Exception):
@@ -179,6 +196,8 @@ class HTTPTransport:
     _clients: PerLoop[httpx.AsyncClient] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        from rllm.retry import PerLoop
+
         self.base_url = self.base_url.rstrip("/")
         self._clients = PerLoop(self._new_client)
 
@@ -209,6 +228,8 @@ class HTTPTransport:
 
     async def _send(self, method: str, path: str, json: Any,
                     headers: Mapping[str, str] | None) -> tuple[httpx.Response, int]:
+        from rllm.retry import backoff_retrying
+
         url = self.url(path)
         retrying = backoff_retrying(
             url, max_retries=self.max_retries, backoff_initial=self.backoff_initial, backoff_max=self.backoff_max,

@@ -150,3 +150,34 @@ def test_the_yaml_check_sees_a_path_that_points_up() -> None:
     assert _upward_dotted_paths(recipe, "rllm.workflows") == ["rllm.agents.search:search_tools (agents)"]
     assert _upward_dotted_paths("reward:\n  path: pkg://rllm.eval.search\n", "rllm.agents") == [
         "pkg://rllm.eval.search (evaluation)"]
+
+
+MAX_FUNCTION_LINES = 100
+"""The longest a library function may be, from its ``def`` line to its last line (docstring included)."""
+
+
+def _long_functions(source: str, filename: str, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """``file:line name (N lines)`` for every function or method in ``source`` longer than ``limit`` lines."""
+    found = []
+    for node in ast.walk(ast.parse(source, filename=filename)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            lines = (node.end_lineno or node.lineno) - node.lineno + 1
+            if lines > limit:
+                found.append(f"{filename}:{node.lineno} {node.name} ({lines} lines)")
+    return found
+
+
+def test_no_library_function_is_over_100_lines() -> None:
+    long = [f for path in _library_files()
+            for f in _long_functions(path.read_text(encoding="utf-8"), str(path.relative_to(ROOT)))]
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines (split them into private helpers): {long}"
+
+
+def test_the_length_check_sees_a_long_function_nested_or_not() -> None:
+    def function(name: str, lines: int, indent: str = "") -> str:
+        return f"{indent}def {name}():\n" + "".join(f"{indent}    x{i} = {i}\n" for i in range(lines - 1))
+
+    assert _long_functions(function("fits", MAX_FUNCTION_LINES), "m.py") == []
+    assert _long_functions(function("long", MAX_FUNCTION_LINES + 1), "m.py") == ["m.py:1 long (101 lines)"]
+    nested = "class C:\n" + function("method", MAX_FUNCTION_LINES + 1, indent="    ")
+    assert _long_functions(nested, "m.py") == ["m.py:2 method (101 lines)"]

@@ -63,28 +63,17 @@ _PROC_SELF_FILES = ("status", "stat", "statm", "limits", "cgroup")
 _MAX_SYMLINK_HOPS = 40
 
 
-def _make_hook(work_dir: str, read_roots: list[str], allow_network: bool):  # noqa: ANN202, C901
-    """The audit hook: a closure over immutable state and over functions captured now.
+def _make_resolver():  # noqa: ANN202
+    """``os.path.realpath`` rebuilt from ``lstat``/``readlink`` captured now; missing parts kept as written.
 
-    Nothing in it looks up a global or builtin name when it runs (``test_sandbox_guard`` checks
-    that), so code that replaces ``os.path.realpath``, ``builtins.isinstance`` or this module's
-    functions cannot change its decisions.
+    A closure like the hook's: it looks up no global or builtin name when it runs.
     """
-    import pathlib
     import stat as stat_module
 
-    lstat, readlink, getcwd, fsdecode = os.lstat, os.readlink, os.getcwd, os.fsdecode
-    is_link, is_instance, tuple_type, denied = stat_module.S_ISLNK, isinstance, tuple, PermissionError
-    plain_path_types = (str, bytes, pathlib.PurePosixPath, pathlib.PosixPath, os.DirEntry)
-    exact_type = type
-    write_flags = _WRITE_FLAGS
-    write_events, read_events = dict(_WRITE_PATH_EVENTS), dict(_READ_PATH_EVENTS)
-    process_events, network_events = _PROCESS_EVENTS, _NETWORK_EVENTS
-    native_events, introspection_events, blocked_imports = _NATIVE_EVENTS, _INTROSPECTION_EVENTS, _BLOCKED_IMPORTS
-    max_hops = _MAX_SYMLINK_HOPS
+    lstat, readlink, getcwd, is_link = os.lstat, os.readlink, os.getcwd, stat_module.S_ISLNK
+    denied, os_error, max_hops = PermissionError, OSError, _MAX_SYMLINK_HOPS
 
     def resolve(path: str) -> str:
-        """``os.path.realpath`` rebuilt from the captured ``lstat``/``readlink``; missing parts kept as written."""
         if not path.startswith("/"):
             path = getcwd() + "/" + path
         pending = path.split("/")[::-1]
@@ -99,7 +88,7 @@ def _make_hook(work_dir: str, read_roots: list[str], allow_network: bool):  # no
             candidate = resolved + "/" + part
             try:
                 mode = lstat(candidate).st_mode
-            except OSError:
+            except os_error:
                 resolved = candidate
                 continue
             if not is_link(mode):
@@ -114,6 +103,16 @@ def _make_hook(work_dir: str, read_roots: list[str], allow_network: bool):  # no
             pending.extend(target.split("/")[::-1])
         return resolved or "/"
 
+    return resolve
+
+
+def _make_checker(resolve, work_dir: str, read_roots: list[str]):  # noqa: ANN001, ANN202
+    """``check(path, write, event)``: refuse a path outside the work dir (reads: outside ``read_roots`` too)."""
+    import pathlib
+
+    fsdecode, is_instance, tuple_type, denied, exact_type = os.fsdecode, isinstance, tuple, PermissionError, type
+    int_type = int
+    plain_path_types = (str, bytes, pathlib.PurePosixPath, pathlib.PosixPath, os.DirEntry)
     root = resolve(work_dir)
     roots = tuple_type(resolve(r) for r in read_roots)
 
@@ -121,7 +120,7 @@ def _make_hook(work_dir: str, read_roots: list[str], allow_network: bool):  # no
         return path == base or path.startswith(base.rstrip("/") + "/")
 
     def check(path: object, write: bool, event: str) -> None:
-        if path is None or is_instance(path, int):
+        if path is None or is_instance(path, int_type):
             return  # an already-open descriptor: it came through a checked open
         if exact_type(path) not in plain_path_types:
             # A custom os.PathLike could answer differently when the OS asks again after this check.
@@ -140,6 +139,25 @@ def _make_hook(work_dir: str, read_roots: list[str], allow_network: bool):  # no
         verb = "write to" if write else "read"
         raise denied(f"python_exec may not {verb} {name!r} ({event}): "
                      f"only the work directory {root} is accessible")
+
+    return check
+
+
+def _make_hook(work_dir: str, read_roots: list[str], allow_network: bool):  # noqa: ANN202, C901
+    """The audit hook: a closure over immutable state and over functions captured now.
+
+    Nothing in it, nor in the ``resolve`` and ``check`` closures it calls (``_make_resolver``,
+    ``_make_checker``), looks up a global or builtin name when it runs (``test_python_exec``'s
+    ``test_the_guard_hook_looks_up_no_global_or_builtin_name`` checks that), so code that replaces
+    ``os.path.realpath``, ``builtins.isinstance`` or this module's functions cannot change its decisions.
+    """
+    fsdecode, denied = os.fsdecode, PermissionError
+    write_flags = _WRITE_FLAGS
+    write_events, read_events = dict(_WRITE_PATH_EVENTS), dict(_READ_PATH_EVENTS)
+    process_events, network_events = _PROCESS_EVENTS, _NETWORK_EVENTS
+    native_events, introspection_events, blocked_imports = _NATIVE_EVENTS, _INTROSPECTION_EVENTS, _BLOCKED_IMPORTS
+    resolve = _make_resolver()
+    check = _make_checker(resolve, work_dir, read_roots)
 
     def hook(event: str, args: tuple) -> None:
         if event == "open":

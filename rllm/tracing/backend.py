@@ -30,10 +30,12 @@ from litellm.types.utils import Delta, ModelResponseStream, StreamingChoices, Us
 from rllm.tracing.records import make_trace
 from rllm.tracing.session import NO_SESSION
 from rllm.tracing.store import TraceStore
+from rllm.transport import open_client
 
 logger = logging.getLogger(__name__)
 
 CAPTURED_KEY = "rllm_captured"
+_DEFAULT_TIMEOUT_S = 600.0
 _NOT_FORWARDED = frozenset({"stream", "stream_options", "extra_body", "max_retries", "extra_headers", "metadata"})
 
 
@@ -108,14 +110,15 @@ class TokenIdBackend(CustomLLM):
         self._store = store
         self._token_ids = token_ids
         self._logprobs = logprobs
-        self._limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self._max_connections = max_connections
         self._clients: dict[int, tuple[asyncio.AbstractEventLoop, httpx.AsyncClient]] = {}
 
     def _client(self) -> httpx.AsyncClient:
         loop = asyncio.get_running_loop()
         entry = self._clients.get(id(loop))
         if entry is None or entry[0] is not loop:
-            entry = (loop, httpx.AsyncClient(limits=self._limits, timeout=None))
+            # Every request passes its own timeout (LiteLLM's, else _DEFAULT_TIMEOUT_S), which replaces this one.
+            entry = (loop, open_client(timeout=_DEFAULT_TIMEOUT_S, max_connections=self._max_connections))
             self._clients[id(loop)] = entry
         return entry[1]
 
@@ -133,7 +136,7 @@ class TokenIdBackend(CustomLLM):
         error: dict[str, Any] | None = None
         try:
             response = await self._client().post(url, json=body, headers=headers,
-                                                 timeout=timeout if timeout is not None else 600.0)
+                                                 timeout=timeout if timeout is not None else _DEFAULT_TIMEOUT_S)
             if response.status_code >= 400:
                 error = {"type": "upstream_status", "status": response.status_code, "message": _error_text(response)}
             else:

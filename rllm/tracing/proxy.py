@@ -10,8 +10,8 @@ so the proxy runs from its own virtual environment::
     python -m rllm.tracing.proxy show --db traces.db [--session ID]
 
 The proxy process imports ``rllm.tracing`` from this checkout (its parent directory goes on the
-proxy's ``PYTHONPATH``); only ``rllm.types``/``rllm.tokens`` (pydantic) and standard-library
-modules are loaded there. ``ProxyProcess`` is the same from Python, as a context manager.
+proxy's ``PYTHONPATH``); only ``rllm.types``/``rllm.tokens`` (pydantic), ``rllm.transport`` (httpx)
+and standard-library modules are loaded there. ``ProxyProcess`` is the same from Python, as a context manager.
 
 A backend's API key never reaches the disk: ``litellm_config.yaml`` names an environment variable
 (``os.environ/RLLM_PROXY_BACKEND_KEY_<i>``, which LiteLLM reads) and only the LiteLLM process gets

@@ -36,6 +36,7 @@ from rllm.data.tasks import Tasks, load_tasks
 from rllm.data.verl_rows import task_rows, write_parquet
 from rllm.errors import ConfigurationError, TrainingRunError
 from rllm.integrations.strands import Budget
+from rllm.integrations.strands.rollout import check_agent_choice
 from rllm.training.curves import LEARNING_CURVE, read_metrics, validation_metrics, validation_score
 from rllm.training.verl._dotted import PICKLE_SUFFIX, import_object
 from rllm.training.verl.export import final_model_dir
@@ -310,12 +311,8 @@ def _check_workflow_args(args: dict[str, Any]) -> dict[str, Any]:
     if unknown:
         raise ConfigurationError(f"AgentTrainer: unknown workflow_args {unknown}; StrandsWorkflow trains with "
                                  f"{', '.join(_TRAINABLE_ARGS)}")
-    if ("agent_factory" in args) == ("tools" in args):
-        raise ConfigurationError("AgentTrainer: workflow_args needs agent_factory (your agent) or tools (with "
-                                 "system_prompt), exactly one")
-    if "agent_factory" in args and args.get("system_prompt") is not None:
-        raise ConfigurationError("AgentTrainer: with agent_factory, the factory sets the system prompt; drop "
-                                 "workflow_args['system_prompt']")
+    check_agent_choice("AgentTrainer: workflow_args", agent_factory=args.get("agent_factory"), tools=args.get("tools"),
+                       system_prompt=args.get("system_prompt"))
     if args.get("reward_fn") is None:
         raise ConfigurationError("AgentTrainer: workflow_args['reward_fn'] is required: training optimises it")
     for key in ("agent_factory", "reward_fn", "task_to_prompt"):

@@ -29,6 +29,7 @@ from rllm.integrations.strands.rollout import (
     Built,
     FinishedRollout,
     build_agent,
+    check_agent_choice,
     refuse_other_models,
     trajectory_metrics,
 )
@@ -88,14 +89,8 @@ class StrandsWorkflow(Workflow):
         agent_kwargs: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(rollout_engine)
-        if (agent_factory is None) == (tools is None):
-            raise TypeError("StrandsWorkflow: give either tools (with system_prompt) or agent_factory, not both")
-        if agent_factory is not None and (system_prompt is not None or agent_kwargs):
-            raise TypeError("StrandsWorkflow: with agent_factory, the factory sets the agent's system prompt and "
-                            "arguments; system_prompt and agent_kwargs would be ignored")
-        if trace_store is not None and agent_factory is None:
-            raise TypeError("StrandsWorkflow: trace_store is for an agent_factory's agent on its own traced client; "
-                            "the agent built from tools runs on the workflow's RLLMModel")
+        check_agent_choice("StrandsWorkflow", agent_factory=agent_factory, tools=tools, system_prompt=system_prompt,
+                           agent_kwargs=agent_kwargs, trace_store=trace_store)
         self.reward_fn = reward_fn
         self.task_to_prompt = task_to_prompt or default_task_to_prompt
         self.model = RLLMModel(rollout_engine, **(model_kwargs or {}))

@@ -322,6 +322,41 @@ AgentFactory = Callable[[RLLMModel, dict[str, Any]], Built]
 """``agent_factory(model, task)``: what runs ``task``, built on ``model`` (the rollout's ``RLLMModel``)."""
 
 
+def check_agent_choice(
+    where: str, *, agent_factory: object, tools: object, system_prompt: object = None,
+    agent_kwargs: object = None, own_client: bool = False, trace_store: object = None,
+    tools_key: str = "tools",
+) -> None:
+    """The one rule of what builds a rollout's agent, for every door that takes it.
+
+    Exactly one of ``agent_factory`` (the user's agent) or ``tools`` (an agent rllm builds, with
+    ``system_prompt``); ``system_prompt`` and ``agent_kwargs`` only with ``tools`` (a factory sets
+    its agent's own); ``own_client`` and ``trace_store`` only with ``agent_factory`` (an agent on its
+    own client). ``None`` (``False`` for ``own_client``) is "not given". ``where`` prefixes the
+    message (``StrandsWorkflow``, ``rllm.agent_loop``, ...); ``tools_key`` is how that door spells
+    ``tools`` (``tool_factory`` in a recipe). Raises ``ConfigurationError`` naming the argument and the fix.
+    """
+    factory = "agent_factory"
+    if (agent_factory is None) == (tools is None):
+        got = "neither" if agent_factory is None else "both"
+        raise ConfigurationError(f"{where}: needs {factory} (your agent) or {tools_key} (its tools, with "
+                                 f"system_prompt), exactly one; got {got}: set either {tools_key} or {factory}")
+    if agent_factory is not None:
+        for key, value in (("system_prompt", system_prompt), ("agent_kwargs", agent_kwargs)):
+            if value is not None and value != {}:
+                raise ConfigurationError(f"{where}: {key} does not apply with {factory}: the factory sets its "
+                                         f"agent's system prompt and arguments; drop {key} or build the agent "
+                                         f"from {tools_key}")
+        return
+    if own_client:
+        raise ConfigurationError(f"{where}: own_client: true serves an {factory}'s agent on its own client; set "
+                                 f"{factory} or drop own_client")
+    if trace_store is not None:
+        raise ConfigurationError(f"{where}: trace_store is for an {factory}'s agent on its own traced client; "
+                                 f"the agent built from {tools_key} runs on the rollout's RLLMModel: drop trace_store "
+                                 f"or pass {factory}")
+
+
 def built_agents(built: Built) -> list[Agent]:
     """The agent, or every agent node of a team."""
     if isinstance(built, Agent):

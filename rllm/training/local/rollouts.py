@@ -16,7 +16,7 @@ from typing import Any
 from rllm.engine.rollout.token_engine import TokenEngine
 from rllm.errors import ConfigurationError, RolloutCancelledError, ToolBackendError
 from rllm.integrations.strands import Budget, RLLMModel
-from rllm.integrations.strands.rollout import AgentFactory, Built, build_agent
+from rllm.integrations.strands.rollout import AgentFactory, Built, build_agent, check_agent_choice
 from rllm.integrations.strands.teams import record_built
 from rllm.integrations.strands.traced import ServedPolicy, run_factory_built
 from rllm.tracing.policy_server import PolicyServer
@@ -120,10 +120,8 @@ async def run_rollouts(
     OpenAI client, served here as in the verl loop (a ``PolicyServer`` over ``engine`` for the
     duration of the call, its address exported to ``RLLM_POLICY_*`` before the factory runs).
     """
-    if (agent_factory is None) == (tools is None):
-        raise ConfigurationError("run_rollouts: give either tools (with system_prompt) or agent_factory")
-    if own_client and agent_factory is None:
-        raise ConfigurationError("run_rollouts: own_client serves an agent_factory's agent on its own client")
+    check_agent_choice("run_rollouts", agent_factory=agent_factory, tools=tools, system_prompt=system_prompt,
+                       own_client=own_client)
     server = (await PolicyServer().start()) if own_client else None
     if server is not None:
         server.export()

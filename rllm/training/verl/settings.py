@@ -574,12 +574,11 @@ def loop_settings(config: Any) -> LoopSettings:
     if block is None:
         raise ConfigurationError(f"StrandsAgentLoop reads its settings from the recipe's {SETTINGS_KEY} block "
                                  f"({', '.join(AGENT_LOOP_KEYS)}), which this config lacks")
-    if bool(block.tool_factory) == bool(block.agent_factory):
-        raise ConfigurationError(f"{SETTINGS_KEY}: set either tool_factory (the agent's tools, module:function) or "
-                                 "agent_factory (module:function building the whole Strands agent), exactly one")
-    if block.own_client and not block.agent_factory:
-        raise ConfigurationError(f"{SETTINGS_KEY}.own_client: true serves an agent_factory's agent on its own "
-                                 "client; set agent_factory")
+    from rllm.integrations.strands.rollout import check_agent_choice
+
+    # system_prompt stays allowed beside agent_factory here: it is the rows' fallback system message.
+    check_agent_choice(SETTINGS_KEY, agent_factory=block.agent_factory or None, tools=block.tool_factory or None,
+                       own_client=block.own_client, tools_key="tool_factory")
     tool_parser, turns = _multi_turn(config)
     budget = _budget(block.budget)
     if turns is not None:

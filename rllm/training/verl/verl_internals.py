@@ -32,7 +32,9 @@ task runner (``run_ppo``'s argument). What it does not offer, rllm takes from he
   (``WorkerDict.worker_dict[...]`` -> ``ActorRolloutRefWorker.actor.engine.module``);
 * ``rollout_replicas``: the trainer's rollout replicas (``trainer.llm_server_manager.get_replicas()``),
   whose ``servers`` (Ray actors, the node-rank-0 one first) and ``server_address`` the served-weights
-  check reads, with ``vLLMHttpServer.collective_rpc`` (``VLLM_SERVER_RPC``).
+  check reads, with ``vLLMHttpServer.collective_rpc`` (``VLLM_SERVER_RPC``);
+* ``TQ_*``: the v1 TransferQueue's row key, padding tag and field names that the training guards
+  and the rollout-level RLOO read and write (``trainer/step_batch.py``, ``trainer/advantage.py``).
 
 ``check_verl_version`` is called when the plugin loads and again at launch, where a different verl
 stops the run: verl logs a failed plugin import only at DEBUG, so a mismatch must be loud here.
@@ -75,6 +77,27 @@ VLLM_SERVER_RPC = ("verl.workers.rollout.vllm_rollout.vllm_async_server", "vLLMH
                    ("self", "method", "timeout", "args", "kwargs"))
 """verl's vLLM server actor method that forwards a call to every vLLM worker (module, class, method, parameters);
 pinned from verl's source, which imports only where vLLM is installed."""
+
+TQ_ROW_KEY = "{uid}_{session_id}_{index}"
+"""A row's key in verl's v1 TransferQueue (``AgentLoopWorkerTQ._agent_loop_postprocess``): ``uid`` the prompt's
+group, ``session_id`` the rollout within it, ``index`` the agent-loop output (the sample) of the rollout."""
+TQ_PADDING_TAG = "is_padding"
+"""The tag verl's v1 trainer sets on a padding row of a batch (``KVBatchMeta.tags``)."""
+TQ_UID, TQ_SESSION_ID, TQ_EXTRA_INFO = "uid", "session_id", "extra_info"
+"""Row fields from the agent loop's keyword arguments: the prompt's group, the rollout, the dataset row's
+``extra_info``."""
+TQ_PROMPTS, TQ_RESPONSE_MASK, TQ_ROLLOUT_LOG_PROBS, TQ_RM_SCORES, TQ_EXTRA_FIELDS = (
+    "prompts", "response_mask", "rollout_log_probs", "rm_scores", "extra_fields")
+"""Row fields from ``AgentLoopOutput.as_dict``: prompt ids, the response's sampled-token mask, the log-probs the
+tokens were sampled with, the reward on the last response token, and the loop's own ``extra_fields``."""
+TQ_LOG_PROBS, TQ_OLD_LOG_PROBS = "log_probs", "old_log_probs"
+"""What the actor's ``compute_log_prob`` writes, and where the trainer's ``_compute_old_log_prob`` moves it."""
+TQ_ADVANTAGES, TQ_RETURNS = "advantages", "returns"
+"""What the trainer's ``_compute_advantage`` writes back, in the nested layout."""
+TQ_CALCULATE_ENTROPY, TQ_COMPUTE_LOSS, TQ_TEMPERATURE = "calculate_entropy", "compute_loss", "temperature"
+"""``KVBatchMeta.extra_info`` keys the trainer sets before it asks the actor for log-probs (``compute_log_prob``)."""
+TQ_ROW_INDEX = "index"
+"""The dataset row's number in its ``extra_info`` (verl's ``RLHFDataset`` reads ``extra_info["index"]``)."""
 
 
 def verl_version() -> str:

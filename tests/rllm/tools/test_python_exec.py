@@ -8,7 +8,8 @@ import json
 import logging
 import sys
 from pathlib import Path
-from types import CodeType
+from types import CodeType, FunctionType
+from typing import Any
 
 import pytest
 
@@ -139,6 +140,21 @@ def _code_objects(code: CodeType) -> list[CodeType]:
     return [code] + [inner for c in nested for inner in _code_objects(c)]
 
 
+def _called_functions(function: Any, seen: set[int] | None = None) -> list[Any]:
+    """``function`` and the functions of its own file that its closure holds (``resolve``, ``check``), recursively.
+
+    Functions captured from elsewhere (``os.fsdecode``) are what the guard captured on purpose, not its code.
+    """
+    seen = set() if seen is None else seen
+    if id(function) in seen:
+        return []
+    seen.add(id(function))
+    held = [cell.cell_contents for cell in function.__closure__ or ()
+            if isinstance(cell.cell_contents, FunctionType)
+            and cell.cell_contents.__code__.co_filename == function.__code__.co_filename]
+    return [function] + [inner for f in held for inner in _called_functions(f, seen)]
+
+
 def test_the_guard_hook_looks_up_no_global_or_builtin_name(tmp_path: Path) -> None:
     """Replacing ``os.path.realpath``, ``builtins.isinstance`` or the guard's module functions cannot change it."""
     path = Path(__file__).resolve().parents[3] / "rllm" / "tools" / "_sandbox_guard.py"
@@ -146,7 +162,9 @@ def test_the_guard_hook_looks_up_no_global_or_builtin_name(tmp_path: Path) -> No
     guard = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(guard)
     hook = guard._make_hook(str(tmp_path), [sys.prefix], False)
-    for code in _code_objects(hook.__code__):
+    called = _called_functions(hook)
+    assert {f.__name__ for f in called} >= {"hook", "check", "resolve", "inside"}
+    for code in (c for f in called for c in _code_objects(f.__code__)):
         loads = {i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
         assert not loads, f"{code.co_name} looks up {loads} at call time"
     with pytest.raises(PermissionError, match="may not read"):

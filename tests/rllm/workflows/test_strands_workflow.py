@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from strands import ToolContext, tool
 
+from rllm.errors import ConfigurationError
 from rllm.eval.reports import search_report
 from rllm.offline.chat_templates import FAMILIES
 from rllm.offline.scripted_tokens import ScriptedTokenEngine
@@ -99,7 +100,25 @@ async def test_a_users_own_agent_from_a_factory_is_evaluated_with_every_sample_k
 
 def test_a_workflow_takes_tools_or_an_agent_factory_not_both() -> None:
     engine = ScriptedTokenEngine(FAMILIES["qwen3"].tokenizer(), lambda prompt: "ok")
-    with pytest.raises(TypeError, match="either tools"):
+    with pytest.raises(ConfigurationError, match="either tools"):
         StrandsWorkflow(engine, tools=[], agent_factory=lambda model, task: None, reward_fn=None)
-    with pytest.raises(TypeError, match="either tools"):
+    with pytest.raises(ConfigurationError, match="either tools"):
         StrandsWorkflow(engine, reward_fn=None)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"tools": [], "agent_factory": lambda model, task: None},
+     "exactly one; got both: set either tools or agent_factory"),
+    ({}, "exactly one; got neither: set either tools or agent_factory"),
+    ({"agent_factory": lambda model, task: None, "system_prompt": "Be brief."},
+     "system_prompt does not apply with agent_factory"),
+    ({"agent_factory": lambda model, task: None, "agent_kwargs": {"name": "a"}},
+     "agent_kwargs does not apply with agent_factory"),
+    ({"tools": [], "trace_store": "traces.db"}, "drop trace_store or pass agent_factory"),
+], ids=["both", "neither", "prompt_with_factory", "agent_kwargs_with_factory", "trace_store_with_tools"])
+def test_the_agent_choice_is_refused_naming_the_argument_and_the_fix(kwargs: dict[str, Any], message: str) -> None:
+    """The one rule (``check_agent_choice``) every door applies, seen through the workflow's door."""
+    engine = ScriptedTokenEngine(FAMILIES["qwen3"].tokenizer(), lambda prompt: "ok")
+    with pytest.raises(ConfigurationError, match=r"^StrandsWorkflow: ") as caught:
+        StrandsWorkflow(engine, reward_fn=None, **kwargs)
+    assert message in str(caught.value)

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rllm.errors import ConfigurationError
+from rllm.training.verl.verl_internals import TQ_ROW_KEY
 
 SPLIT_ESTIMATORS = ("rloo", "grpo")
 """Estimators that count a split rollout once: GRPO by verl itself, RLOO by ``rollout_advantages``."""
@@ -30,10 +31,10 @@ TOKEN_WEIGHTED_LOSS = ("token-mean",)
 
 
 def rollout_of(key: str) -> tuple[str, int]:
-    """``({uid}_{session_id}, index)`` of a v1 row key ``{uid}_{session_id}_{index}``."""
+    """``({uid}_{session_id}, index)`` of a v1 row key ``TQ_ROW_KEY`` (``{uid}_{session_id}_{index}``)."""
     rollout, _, index = key.rpartition("_")
     if not rollout or not index.isdigit():
-        raise ValueError(f"{key!r} is not a verl v1 row key {{uid}}_{{session_id}}_{{index}}")
+        raise ValueError(f"{key!r} is not a verl v1 row key {TQ_ROW_KEY}")
     return rollout, int(index)
 
 

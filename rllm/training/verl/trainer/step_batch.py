@@ -13,8 +13,27 @@ from dataclasses import dataclass
 from typing import Any
 
 from rllm.training.verl.trainer.guards import RolloutCounts, StepRollouts
+from rllm.training.verl.verl_internals import (
+    TQ_ADVANTAGES,
+    TQ_CALCULATE_ENTROPY,
+    TQ_COMPUTE_LOSS,
+    TQ_EXTRA_FIELDS,
+    TQ_EXTRA_INFO,
+    TQ_LOG_PROBS,
+    TQ_OLD_LOG_PROBS,
+    TQ_PADDING_TAG,
+    TQ_PROMPTS,
+    TQ_RESPONSE_MASK,
+    TQ_RETURNS,
+    TQ_RM_SCORES,
+    TQ_ROLLOUT_LOG_PROBS,
+    TQ_ROW_INDEX,
+    TQ_SESSION_ID,
+    TQ_TEMPERATURE,
+    TQ_UID,
+)
 
-_ROW_FIELDS = ("uid", "session_id", "rm_scores", "prompts", "extra_fields", "extra_info")
+_ROW_FIELDS = (TQ_UID, TQ_SESSION_ID, TQ_RM_SCORES, TQ_PROMPTS, TQ_EXTRA_FIELDS, TQ_EXTRA_INFO)
 
 
 def _rows(value: Any) -> list[Any]:
@@ -28,7 +47,7 @@ def _rows(value: Any) -> list[Any]:
 
 def kept_keys(batch: Any) -> list[str]:
     """The keys of the batch's real rows (verl pads a batch with rows tagged ``is_padding``)."""
-    return [key for key, tag in zip(batch.keys, batch.tags, strict=True) if not tag.get("is_padding", False)]
+    return [key for key, tag in zip(batch.keys, batch.tags, strict=True) if not tag.get(TQ_PADDING_TAG, False)]
 
 
 @dataclass
@@ -54,8 +73,8 @@ def read_logprob_pairs(batch: Any) -> LogProbPairs:
     import transfer_queue as tq
 
     data = tq.kv_batch_get(keys=kept_keys(batch), partition_id=batch.partition_id,
-                           select_fields=["rollout_log_probs", "old_log_probs", "response_mask"])
-    return _pairs(data["rollout_log_probs"], data["old_log_probs"], data["response_mask"])
+                           select_fields=[TQ_ROLLOUT_LOG_PROBS, TQ_OLD_LOG_PROBS, TQ_RESPONSE_MASK])
+    return _pairs(data[TQ_ROLLOUT_LOG_PROBS], data[TQ_OLD_LOG_PROBS], data[TQ_RESPONSE_MASK])
 
 
 def audit_logprob_pairs(worker_group: Any, batch: Any, rows: int, temperature: float,
@@ -79,16 +98,16 @@ def audit_logprob_pairs(worker_group: Any, batch: Any, rows: int, temperature: f
     if count == 0:
         return LogProbPairs([], [])
     sample = batch.select_keys(keys[:count])
-    sample.extra_info.update({"calculate_entropy": False, "compute_loss": False, "temperature": temperature})
+    sample.extra_info.update({TQ_CALCULATE_ENTROPY: False, TQ_COMPUTE_LOSS: False, TQ_TEMPERATURE: temperature})
     worker_group.compute_log_prob(sample)
     data = tq.kv_batch_get(keys=sample.keys, partition_id=sample.partition_id,
-                           select_fields=["log_probs", "rollout_log_probs", "response_mask"])
-    actor = response_from_nested(data["log_probs"], data["response_mask"])
-    return _pairs(data["rollout_log_probs"], actor, data["response_mask"])
+                           select_fields=[TQ_LOG_PROBS, TQ_ROLLOUT_LOG_PROBS, TQ_RESPONSE_MASK])
+    actor = response_from_nested(data[TQ_LOG_PROBS], data[TQ_RESPONSE_MASK])
+    return _pairs(data[TQ_ROLLOUT_LOG_PROBS], actor, data[TQ_RESPONSE_MASK])
 
 
 def _row_index(info: Any) -> Any:
-    return info.get("index") if isinstance(info, dict) else None
+    return info.get(TQ_ROW_INDEX) if isinstance(info, dict) else None
 
 
 _COUNT_FIELDS = {"model_calls": "num_model_calls", "samples": "num_samples",
@@ -121,16 +140,16 @@ def read_step(batch: Any, rollouts_per_prompt: int | None = None) -> StepRollout
     order: list[tuple[Any, Any]] = []
     merged: dict[tuple[Any, Any], dict[str, Any]] = {}
     for i in range(len(keys)):
-        identity = (columns["uid"][i], columns["session_id"][i])
-        extra = columns["extra_fields"][i] if isinstance(columns["extra_fields"][i], dict) else {}
+        identity = (columns[TQ_UID][i], columns[TQ_SESSION_ID][i])
+        extra = columns[TQ_EXTRA_FIELDS][i] if isinstance(columns[TQ_EXTRA_FIELDS][i], dict) else {}
         if identity not in merged:
             order.append(identity)
-            merged[identity] = {"prompt": [int(t) for t in columns["prompts"][i].tolist()],
-                                "row": _row_index(columns["extra_info"][i]), "truncated": None, "calls": None,
+            merged[identity] = {"prompt": [int(t) for t in columns[TQ_PROMPTS][i].tolist()],
+                                "row": _row_index(columns[TQ_EXTRA_INFO][i]), "truncated": None, "calls": None,
                                 "task": extra.get("task_prompt"), "ending": extra.get("termination_reason"),
                                 "counts": _counts(extra)}
         rollout = merged[identity]
-        rollout["reward"] = float(columns["rm_scores"][i].sum())  # every sample carries the rollout's reward
+        rollout["reward"] = float(columns[TQ_RM_SCORES][i].sum())  # every sample carries the rollout's reward
         if "response_truncated" in extra:
             rollout["truncated"] = bool(rollout["truncated"]) or bool(extra["response_truncated"])
         if extra.get("num_tool_calls") is not None:
@@ -149,10 +168,10 @@ def read_advantages(batch: Any) -> tuple[Sequence[Any], list[list[float]]]:
     import transfer_queue as tq
 
     data = tq.kv_batch_get(keys=kept_keys(batch), partition_id=batch.partition_id,
-                           select_fields=["uid", "advantages", "response_mask"])
+                           select_fields=[TQ_UID, TQ_ADVANTAGES, TQ_RESPONSE_MASK])
     advantages = [values[mask.bool()].tolist() if len(values) == len(mask) else values.tolist()
-                  for values, mask in zip(_rows(data["advantages"]), _rows(data["response_mask"]), strict=True)]
-    return _rows(data["uid"]), advantages
+                  for values, mask in zip(_rows(data[TQ_ADVANTAGES]), _rows(data[TQ_RESPONSE_MASK]), strict=True)]
+    return _rows(data[TQ_UID]), advantages
 
 
 def write_rollout_advantages(batch: Any) -> Any:
@@ -169,11 +188,11 @@ def write_rollout_advantages(batch: Any) -> Any:
     from rllm.training.verl.trainer.advantage import rollout_advantages
 
     data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
-                           select_fields=["uid", "rm_scores", "response_mask"])
-    scores = [float(row.sum()) for row in _rows(data["rm_scores"])]
-    advantages = rollout_advantages(batch.keys, _rows(data["uid"]), scores)
-    masks = _rows(data["response_mask"])
+                           select_fields=[TQ_UID, TQ_RM_SCORES, TQ_RESPONSE_MASK])
+    scores = [float(row.sum()) for row in _rows(data[TQ_RM_SCORES])]
+    advantages = rollout_advantages(batch.keys, _rows(data[TQ_UID]), scores)
+    masks = _rows(data[TQ_RESPONSE_MASK])
     rows = [value * mask.to(torch.float32) for value, mask in zip(advantages, masks, strict=True)]
     nested = torch.nested.as_nested_tensor(rows, layout=torch.jagged)
-    fields = TensorDict({"advantages": nested, "returns": nested.clone()}, batch_size=len(rows))
+    fields = TensorDict({TQ_ADVANTAGES: nested, TQ_RETURNS: nested.clone()}, batch_size=len(rows))
     return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=fields)

@@ -37,13 +37,13 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import ray
 import torch
 
 from rllm.errors import TrainingGuardError
 from rllm.training.verl.verl_internals import call_on_actor, vllm_collective_rpc
 from rllm.training.verl.weights.fingerprint import WeightFingerprint, tensor_digest
+from rllm.transport import open_sync_client
 
 PACKED_MODULES: dict[str, tuple[str, ...]] = {"qkv_proj": ("q_proj", "k_proj", "v_proj"),
                                               "gate_up_proj": ("gate_proj", "up_proj")}
@@ -186,7 +186,7 @@ def sglang_checksums(body: Mapping[str, Any], replica: int) -> ServedWeights:
 def sglang_served_weights(addresses: list[str], timeout: float = 600.0) -> list[ServedWeights]:
     """Each SGLang replica's tensor checksums, asked of its HTTP server (``host:port``, verl's ``server_address``)."""
     found = []
-    with httpx.Client(timeout=timeout) as client:
+    with open_sync_client(timeout=timeout) as client:
         for index, address in enumerate(addresses):
             response = client.post(f"http://{address}/weights_checker", json={"action": "checksum"})
             try:

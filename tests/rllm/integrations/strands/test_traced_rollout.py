@@ -295,7 +295,7 @@ async def test_the_workflow_refuses_an_agent_on_a_model_it_does_not_record(
     assert "with trace_store, agent_factory builds the agent on its own traced client" in on_given.info["error"]
     assert backend.requests == []  # neither ran
     await direct.close()
-    with pytest.raises(TypeError, match="trace_store is for an agent_factory"):
+    with pytest.raises(ConfigurationError, match="trace_store is for an agent_factory"):
         StrandsWorkflow(engine, tools=[], trace_store=proxy.config.db_path, reward_fn=None)
 
 

@@ -288,3 +288,50 @@ def test_the_rollout_replicas_and_their_servers_are_where_the_served_weights_che
     assert "self._server_handle = self.servers[0]" in source  # the first server leads the replica
     sglang = (root / "sglang_rollout" / "async_sglang_server.py").read_text()
     assert 'else f"{server_address}:{server_port}"' in sglang  # replica.server_address is SGLang's HTTP server
+
+
+def test_verls_transfer_queue_rows_are_keyed_and_tagged_as_the_guards_read_them() -> None:
+    from verl.trainer.ppo.v1 import trainer_base
+    from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
+
+    from rllm.training.verl.trainer.advantage import rollout_of
+
+    postprocess = inspect.getsource(AgentLoopWorkerTQ._agent_loop_postprocess)
+    key = verl_internals.TQ_ROW_KEY
+    assert f'keys.append(f"{key.replace("{index}", "{i}")}")' in postprocess  # one row per output, by index
+    uid, session = verl_internals.TQ_UID, verl_internals.TQ_SESSION_ID
+    assert f'uid, session_id = kwargs["{uid}"], kwargs["{session}"]' in postprocess
+    assert "field.update(kwargs)" in postprocess  # uid, session_id and extra_info become the row's fields
+    assert rollout_of(key.format(uid="0f3a", session_id="2", index=1)) == ("0f3a_2", 1)
+    assert f'tag.get("{verl_internals.TQ_PADDING_TAG}", False)' in inspect.getsource(trainer_base)
+
+
+def test_an_agent_loop_outputs_row_has_the_fields_the_guards_and_the_rloo_read() -> None:
+    from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
+
+    output = AgentLoopOutput(prompt_ids=[1, 2], response_ids=[3, 4], response_mask=[1, 1],
+                             response_logprobs=[-0.5, -0.25], reward_score=1.0, metrics=AgentLoopMetrics(),
+                             extra_fields={"termination_reason": "env_done"})
+    row = output.as_dict()
+    assert row[verl_internals.TQ_PROMPTS].tolist() == [1, 2]
+    assert row[verl_internals.TQ_RESPONSE_MASK].tolist() == [1, 1]
+    assert row[verl_internals.TQ_ROLLOUT_LOG_PROBS].tolist() == [-0.5, -0.25]
+    assert row[verl_internals.TQ_RM_SCORES].tolist() == [0.0, 1.0]  # the reward on the last response token
+    assert row[verl_internals.TQ_EXTRA_FIELDS] == {"termination_reason": "env_done"}
+
+
+def test_verls_trainer_writes_the_log_probs_and_advantages_rllm_reads_and_replaces() -> None:
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+    from verl.utils.dataset import rl_dataset
+
+    old = inspect.getsource(PPOTrainer._compute_old_log_prob)
+    assert (f'data["{verl_internals.TQ_OLD_LOG_PROBS}"] = '
+            f'response_from_nested(data.pop("{verl_internals.TQ_LOG_PROBS}")') in old
+    for option in (verl_internals.TQ_CALCULATE_ENTROPY, verl_internals.TQ_COMPUTE_LOSS, verl_internals.TQ_TEMPERATURE):
+        assert f'"{option}":' in old, option
+    advantage = inspect.getsource(PPOTrainer._compute_advantage)
+    assert f'fields = ["{verl_internals.TQ_ADVANTAGES}", "{verl_internals.TQ_RETURNS}"]' in advantage
+    read = (verl_internals.TQ_UID, verl_internals.TQ_RESPONSE_MASK, verl_internals.TQ_RM_SCORES)
+    assert "fields = [" + ", ".join(f'"{name}"' for name in read) in advantage  # what it reads, rllm reads too
+    dataset = inspect.getsource(rl_dataset)
+    assert f'row_dict.get("{verl_internals.TQ_EXTRA_INFO}", {{}}).get("{verl_internals.TQ_ROW_INDEX}"' in dataset
