@@ -63,7 +63,6 @@ def split_lora_export(model_dir: Path, base_model: str | None = None) -> Path | 
     state = _read_state(model_dir)
     if not any(key.startswith(PEFT_PREFIX) for key in state):
         return adapter_dir(model_dir)
-    import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -75,11 +74,8 @@ def split_lora_export(model_dir: Path, base_model: str | None = None) -> Path | 
                                  "(the adapter's rank and alpha): cannot rebuild the adapter")
     meta = json.loads(meta_path.read_text(encoding="utf-8"))
     config = AutoConfig.from_pretrained(model_dir)
-    dtype = next(iter(state.values())).dtype
-    with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    targets = _target_modules(state, [name for name, _ in skeleton.named_modules()])
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model = AutoModelForCausalLM.from_config(config, dtype=next(iter(state.values())).dtype)
+    targets = _target_modules(state, [name for name, _ in model.named_modules()])
     lora = LoraConfig(r=int(meta["r"]), lora_alpha=int(meta["lora_alpha"]), target_modules=targets,
                       task_type="CAUSAL_LM", bias="none", base_model_name_or_path=base_model)
     peft_model = get_peft_model(model, lora)
