@@ -493,6 +493,40 @@ def _hydra_options(args: list[str]) -> tuple[list[str], list[str]]:
     return options, overrides
 
 
+VERL_CONFIG_SOURCE = "pkg://verl.trainer.config"
+"""The shipped recipes' Hydra search path: verl's own config package."""
+
+
+def _verl_config_by_file(options: list[str], overrides: list[str]) -> list[str]:
+    """``hydra.searchpath`` naming verl's config folder by file, for a shipped recipe that names it by package.
+
+    Hydra reads a ``pkg://`` source by importing its package, and ``import verl`` costs about 9 CPU-seconds
+    (it loads torch, transformers and tensordict). ``--help`` and ``--print-config`` need only the YAML: the
+    same folder by ``file://`` composes the same config (test_train.py::
+    test_a_recipe_composes_the_same_with_verls_config_folder_named_by_file checks it) without that import.
+    Nothing is changed for another recipe folder, a recipe with another search path, or one given on the
+    command line.
+    """
+    import importlib.util
+
+    name, items = CONFIG_NAME, iter(options)
+    for option in items:
+        key, _, value = option.partition("=")
+        if key not in ("--config-name", "-cn"):
+            return []  # another recipe folder
+        name = value or next(items, "")
+    if any(o.split("=", 1)[0].lstrip("+~") == "hydra.searchpath" for o in overrides):
+        return []
+    recipe = CONFIG_DIR / f"{name}.yaml"
+    spec = importlib.util.find_spec("verl")
+    if not recipe.is_file() or spec is None or not spec.submodule_search_locations:
+        return []
+    if OmegaConf.select(OmegaConf.load(recipe), "hydra.searchpath") != [VERL_CONFIG_SOURCE]:
+        return []
+    folder = Path(next(iter(spec.submodule_search_locations))) / "trainer" / "config"
+    return [f"hydra.searchpath=[file://{folder}]"] if folder.is_dir() else []
+
+
 def flag_overlays(args: list[str]) -> list[str]:
     """The overlays the launcher's flags select, in the order Hydra merges them: ``--cpu``'s, then ``--smoke``'s."""
     from rllm.training.verl.cpu import CPU_OVERLAY
@@ -520,6 +554,8 @@ def main(argv: list[str] | None = None) -> None:
         os.environ.update(cpu_environment())
     overrides = [*overlay_override(flag_overlays(args)), *overrides]
     args = [*options, *overrides]  # Hydra's options first: argparse takes no option between the overrides
+    if print_only or "--help" in args or "-h" in args:  # the YAML only: verl is not imported for it
+        args += _verl_config_by_file(options, overrides)
     if dry_run:  # print only: no Hydra output directory or log file; logging left as the caller set it up
         # (Hydra's "disabled" would disable every logger already made, in this process: a dry run's own lines,
         # the sizing and the dropped tasks, would never show.)

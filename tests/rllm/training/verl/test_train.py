@@ -27,7 +27,13 @@ from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories  
 from verl.utils.config import omega_conf_to_dataclass  # noqa: E402
 
 from rllm.errors import ConfigurationError  # noqa: E402
-from rllm.training.verl.train import CONFIG_DIR, CONFIG_NAME, prepare_config, validate  # noqa: E402
+from rllm.training.verl.train import (  # noqa: E402
+    CONFIG_DIR,
+    CONFIG_NAME,
+    _verl_config_by_file,
+    prepare_config,
+    validate,
+)
 
 REPO = Path(__file__).resolve().parents[4]
 
@@ -427,3 +433,31 @@ def test_the_recipes_and_the_launch_script_are_package_data() -> None:
                                                           "strands_agent_rloo_lora.yaml"}
     assert {p.name for p in (CONFIG_DIR / "overlay").glob("*.yaml")} == {"cpu.yaml", "smoke.yaml"}
     assert (importlib.resources.files("rag") / "launch_rag.sh").is_file()
+
+
+
+_PACKAGE_RECIPES = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if "  - pkg://verl.trainer.config\n" in p.read_text())
+
+
+@pytest.mark.parametrize("recipe", _PACKAGE_RECIPES)
+def test_a_recipe_composes_the_same_with_verls_config_folder_named_by_file(recipe: str) -> None:
+    # --help and --print-config name verl's config folder by file, which Hydra reads without importing verl.
+    by_file = _verl_config_by_file(["--config-name", recipe], [])
+    assert by_file and by_file[0].startswith("hydra.searchpath=[file://")
+    with hydra.initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        composed = [OmegaConf.to_container(hydra.compose(recipe, overrides=overrides))
+                    for overrides in ([], by_file)]
+    assert composed[0] == composed[1]
+    assert len(OmegaConf.to_yaml(composed[0]).splitlines()) > 200  # verl's whole trainer config, not the recipe alone
+    assert _verl_config_by_file(["--config-dir", "/elsewhere", "--config-name", recipe], []) == []
+    assert _verl_config_by_file(["--config-name", recipe], ["hydra.searchpath=[pkg://verl.trainer.config]"]) == []
+
+
+def test_print_config_does_not_import_verl() -> None:
+    probe = ("import sys, runpy; sys.argv = ['train', '--print-config']\n"
+             "try:\n    runpy.run_module('rllm.training.verl.train', run_name='__main__')\n"
+             "finally:\n    print('VERL IMPORTED' if 'verl' in sys.modules else 'VERL NOT IMPORTED', file=sys.stderr)")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "VERL NOT IMPORTED" in result.stderr
+    assert yaml.safe_load(result.stdout)["algorithm"]["adv_estimator"] == "rloo"
