@@ -45,6 +45,10 @@ def _verl_runs(item: pytest.Item) -> int:
     return int(marker.kwargs.get("verl_runs", 0)) if marker is not None else 0
 
 
+_VERL_TESTS = os.path.join("tests", "rllm", "training", "verl", "")
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The modules with the most real verl runs first, then the other ``slow`` modules, then the rest.
 
@@ -53,6 +57,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     most tests first): the longest start first, each on a worker of its own (``pytest_xdist_make_scheduler``),
     and the short ones fill the other workers and the end.
     """
+    for item in items:  # the contributors' fast tier is ``-m "not slow and not verl"`` (docs/install.md)
+        if _verl_runs(item) or _VERL_TESTS in str(item.path):
+            item.add_marker(pytest.mark.verl)
     items.sort(key=lambda item: (-_verl_runs(item), item.get_closest_marker("slow") is None))
 
 

@@ -20,7 +20,7 @@ import pytest
 from rag.testing import RetrievalServer, demo_index
 from rllm.tracing.proxy import install_proxy_venv
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.verl]
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "strands"

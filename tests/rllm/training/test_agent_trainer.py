@@ -17,6 +17,7 @@ import yaml
 
 os.environ.setdefault("OTEL_SDK_DISABLED", "true")
 pytest.importorskip("verl", reason="AgentTrainer launches verl's trainer (the train extra)")
+pytestmark = pytest.mark.verl
 
 from fixtures.user_agents import TASKS, capital_agent, capital_of, capital_reward, country_prompt  # noqa: E402
 

@@ -24,7 +24,7 @@ from verl.workers.rollout.replica import TokenOutput
 from rllm.offline.chat_templates import FAMILIES
 from rllm.offline.tiny_models import build_tiny_qwen3
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.verl]
 
 PROMPT_LENGTH, RESPONSE_LENGTH = 512, 256
 
