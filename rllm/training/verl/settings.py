@@ -323,7 +323,7 @@ class RllmSettings:
         max_infra_failure_share: Stop training when more than this share of a step's (or a validation
             batch's) rollouts were dropped as infrastructure failures (0.5; null: never).
         reward_fn: ``module:function`` scoring ``(task, final_answer)`` as ``StrandsWorkflow`` does
-            (null: the recipe's ``reward_kwargs.scorer`` scores instead).
+            (null: a verl reward function the recipe names in ``reward.custom_reward_function`` scores instead).
         agent_loop: ``rllm.agent_loop`` (``AgentLoopBlock``); null where the recipe has none (an agent
             loop refuses to run without it).
         rollout_records: ``rllm.rollout_records`` (``RolloutRecordSettings``; null: every step's rollouts kept).
@@ -331,7 +331,8 @@ class RllmSettings:
 
     guards: GuardSettings = field(default_factory=GuardSettings, metadata={_SECTION: GuardSettings})
     max_infra_failure_share: float | None = _key(0.5, _share("never stop"))
-    reward_fn: str | None = _key(None, _path("a function (task, final_answer) returning a reward", "the scorer"))
+    reward_fn: str | None = _key(None, _path("a function (task, final_answer) returning a reward",
+                                                 "the recipe's own verl reward function"))
     agent_loop: AgentLoopBlock | None = field(default=None, metadata={_SECTION: AgentLoopBlock})
     rollout_records: RolloutRecordSettings = field(default_factory=RolloutRecordSettings,
                                                    metadata={_SECTION: RolloutRecordSettings})
@@ -489,8 +490,8 @@ class LoopSettings:
             An agent the factory builds on the model it is given runs on that model as without it.
         reward_fn: ``module:function`` (the recipe's ``rllm.reward_fn``) with ``function(task, final_answer)``
             returning a ``RewardOutput`` or a number, as ``StrandsWorkflow`` scores: the loop scores each
-            finished rollout with it and the reward function verl calls reads that score. ``None``: the
-            recipe's ``reward_kwargs.scorer`` scores instead.
+            finished rollout with it and hands verl the score (``AgentLoopOutput.reward_score``). ``None``:
+            the verl reward function the recipe names in ``reward.custom_reward_function`` scores instead.
     """
 
     tool_factory: str | None
