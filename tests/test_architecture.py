@@ -181,3 +181,57 @@ def test_the_length_check_sees_a_long_function_nested_or_not() -> None:
     assert _long_functions(function("long", MAX_FUNCTION_LINES + 1), "m.py") == ["m.py:1 long (101 lines)"]
     nested = "class C:\n" + function("method", MAX_FUNCTION_LINES + 1, indent="    ")
     assert _long_functions(nested, "m.py") == ["m.py:2 method (101 lines)"]
+
+
+RUNNER = "rllm/integrations/strands/runner.py"
+"""The one module that calls an agent factory (``rllm.integrations.strands.runner``)."""
+_FACTORY_NAMES = frozenset({"agent_factory", "factory", "build_agent"})
+"""How a call of an agent factory is spelled: ``agent_factory(...)``, ``self.factory(...)``, ``build_agent(...)``."""
+
+
+def _callee_name(node: ast.expr) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return None
+
+
+def _factory_calls(source: str, filename: str) -> list[str]:
+    """``file:line`` of every call of an agent factory in ``source``.
+
+    A call of a name or attribute in ``_FACTORY_NAMES``, and a call of what ``import_object`` returns
+    for one (``import_object(settings.agent_factory)(model, task)``).
+    """
+    found = []
+    for node in ast.walk(ast.parse(source, filename=filename)):
+        if not isinstance(node, ast.Call):
+            continue
+        callee = node.func
+        if _callee_name(callee) in _FACTORY_NAMES:
+            found.append(f"{filename}:{node.lineno} {ast.unparse(callee)}(...)")
+        elif isinstance(callee, ast.Call) and _callee_name(callee.func) == "import_object" and any(
+                _callee_name(part) in _FACTORY_NAMES for arg in callee.args for part in ast.walk(arg)
+                if isinstance(part, ast.expr)):
+            found.append(f"{filename}:{node.lineno} {ast.unparse(callee)}(...)")
+    return found
+
+
+def test_only_the_runner_calls_an_agent_factory() -> None:
+    """The verl loop, the preflight, the prompt measure, the local trainer and ``StrandsWorkflow`` run through it."""
+    calls = [call for path in _library_files() if str(path.relative_to(ROOT)) != RUNNER
+             for call in _factory_calls(path.read_text(encoding="utf-8"), str(path.relative_to(ROOT)))]
+    assert not calls, f"agent factories called outside {RUNNER} (build and run through its build_rollout): {calls}"
+    assert _factory_calls((ROOT / RUNNER).read_text(encoding="utf-8"), RUNNER), "the runner calls no factory"
+
+
+def test_the_factory_check_sees_every_spelling_of_a_factory_call() -> None:
+    """A tool factory imported and called, or a factory passed on without a call, is no factory call."""
+    source = ("built = agent_factory(model, task)\n"
+              "built = self.factory(self.model, task)\n"
+              "agent = build_agent(model, tools=[], system_prompt=None)\n"
+              "built = import_object(settings.agent_factory)(model, task)\n"
+              "tools = import_object(tool_factory)(**kwargs)\n"
+              "choice = AgentChoice(agent_factory=agent_factory)\n")
+    assert [call.split(" ", 1)[0] for call in _factory_calls(source, "m.py")] == ["m.py:1", "m.py:2", "m.py:3",
+                                                                               "m.py:4"]

@@ -16,7 +16,6 @@ from typing import Any
 
 from rllm.engine.rollout import RolloutEngine
 from rllm.integrations.strands import Budget, StrandsAgent
-from rllm.integrations.strands.rollout import build_agent
 from rllm.offline.scripted_server import ScriptedReply, ScriptedToolCall
 from rllm.rewards.gaia_reward import RewardGaiaFn
 from rllm.tokens.renderer import content_text
@@ -112,8 +111,8 @@ class GaiaWorkflow(StrandsWorkflow):
     def _build_agent(self, model: Any, task: dict[str, Any]) -> StrandsAgent:
         """The task's agent: the GAIA tools bound to its work dir (the workflow's agent factory)."""
         assert self.work_dir is not None
-        return build_agent(model, tools=gaia_tools(self.work_dir, **self.tool_options),
-                           system_prompt=self.system_prompt, budget=self.budget, **self.agent_kwargs)
+        return StrandsAgent(model, tools=gaia_tools(self.work_dir, **self.tool_options),
+                            system_prompt=self.system_prompt, budget=self.budget, **self.agent_kwargs)
 
     async def run(self, task: dict[str, Any], uid: str) -> Episode:
         """Set up the task's work dir, then build, run and score the agent."""

@@ -36,7 +36,7 @@ from rllm.data.tasks import Tasks, load_tasks
 from rllm.data.verl_rows import task_rows, write_parquet
 from rllm.errors import ConfigurationError, TrainingRunError
 from rllm.integrations.strands import Budget
-from rllm.integrations.strands.rollout import check_agent_choice
+from rllm.integrations.strands.runner import check_agent_choice
 from rllm.training.curves import LEARNING_CURVE, read_metrics, validation_metrics, validation_score
 from rllm.training.verl._dotted import PICKLE_SUFFIX, import_object
 from rllm.training.verl.export import final_model_dir

@@ -5,13 +5,14 @@ instance over ``RLLMModel(rollout_engine)``, restored by ``reset()`` between tas
 ``agent_factory(model, task)`` builds any Strands ``Agent`` for each task over the workflow's
 ``RLLMModel`` (its own class, hooks, conversation manager, tools), to which a ``RolloutRecorder`` is
 attached. With ``trace_store`` the factory's agent runs on its own traced client instead (through the
-LiteLLM proxy that writes the store) and its rollout is read back from the store (``ThroughProxy``, the same
-``run_factory_built`` that runs an agent on its own client in training).
+LiteLLM proxy that writes the store) and its rollout is read back from the store (``ThroughProxy``: the same
+runner, ``rllm.integrations.strands.runner``, runs an agent on its own client in training).
 Nothing here blocks the event loop, so a pool of N instances really runs N agents at once.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import traceback
 from collections.abc import Callable
@@ -22,19 +23,17 @@ from strands import Agent
 
 from rllm.data.tasks import default_task_to_prompt
 from rllm.engine.rollout.base import RolloutEngine
-from rllm.errors import ConfigurationError
 from rllm.integrations.strands import Budget, RLLMModel, RolloutRecorder
-from rllm.integrations.strands.rollout import (
+from rllm.integrations.strands.rollout import Built, FinishedRollout, trajectory_metrics
+from rllm.integrations.strands.runner import (
+    AgentChoice,
     AgentFactory,
-    Built,
-    FinishedRollout,
-    build_agent,
+    BuiltRollout,
+    ClientRule,
+    ThroughProxy,
+    build_rollout,
     check_agent_choice,
-    refuse_other_models,
-    trajectory_metrics,
 )
-from rllm.integrations.strands.teams import record_built, run_built
-from rllm.integrations.strands.traced import ThroughProxy, run_factory_built
 from rllm.rewards.base import RewardOutput, score_answer
 from rllm.tracing.store import TraceStore
 from rllm.types import Episode, TerminationReason
@@ -98,18 +97,17 @@ class StrandsWorkflow(Workflow):
         self.budget = budget
         self.trace_store = trace_store if trace_store is None or isinstance(trace_store, TraceStore) \
             else TraceStore(trace_store)
+        self.choice = AgentChoice(
+            agent_factory=agent_factory, system_prompt=system_prompt, budget=budget,
+            agent_kwargs=dict(agent_kwargs or {}),
+            client=ClientRule.MODEL if trace_store is None else ClientRule.TRACED,
+            who="StrandsWorkflow: agent_factory" if trace_store is None else
+                "StrandsWorkflow: with trace_store, agent_factory", fix=_FIX)
         self.built: Built | None = None  # from tools: built once, reset between tasks; from a factory: per task
         self.recorders: dict[str, RolloutRecorder] = {}
         if tools is not None:
-            agent = build_agent(
-                self.model,
-                tools=tools() if callable(tools) else list(tools),
-                system_prompt=system_prompt,
-                budget=budget,
-                **(agent_kwargs or {}),
-            )
-            self.built = agent
-            self.recorders = {agent.name: agent.recorder}
+            self.choice = dataclasses.replace(self.choice, tools=tools() if callable(tools) else list(tools))
+            self._use(build_rollout(self.choice, self.model))
 
     @property
     def agent(self) -> Agent | None:
@@ -126,35 +124,22 @@ class StrandsWorkflow(Workflow):
         else:
             self.built, self.recorders = None, {}
 
+    def _use(self, rollout: BuiltRollout) -> None:
+        self.built, self.recorders = rollout.built, rollout.recorders
+
     async def _run_rollout(self, task: dict[str, Any]) -> FinishedRollout:
-        """Build the task's agent or team (the factory's, or the one from tools) and run it."""
+        """Build the task's agent or team (the factory's, or the one from tools) and run it (the runner)."""
         prompt = self.task_to_prompt(task)
         if self.agent_factory is None:
             assert self.built is not None
-            return await run_built(self.built, prompt, self.recorders)
+            return await BuiltRollout(self.built, self.recorders).run(prompt)
         previous, self.built, self.recorders = self.built, None, {}
-        built = self.agent_factory(self.model, task)
-        if built is not None and built is previous:
+        rollout = build_rollout(self.choice, self.model, task)
+        if rollout.built is previous:
             raise ValueError("agent_factory returned the previous task's agent; build a new agent for every task")
-        self.recorders = record_built(built, budget=self.budget)
-        self.built = built
-        self._check_model(built)
+        self._use(rollout)
         own_client = None if self.trace_store is None else ThroughProxy(self.trace_store)
-        return await run_factory_built(built, prompt, self.recorders, self.model, own_client=own_client,
-                                       who="StrandsWorkflow: agent_factory", fix=_FIX)
-
-    def _check_model(self, built: Built) -> None:
-        """Refuse an agent whose calls rllm would not record: on another model, or traced on the workflow's own."""
-        if self.trace_store is not None:
-            if not isinstance(built, Agent):
-                raise ConfigurationError("StrandsWorkflow: with trace_store, agent_factory returns one Strands Agent, "
-                                         f"not a {type(built).__name__}")
-            if built.model is self.model:
-                raise ConfigurationError("StrandsWorkflow: with trace_store, agent_factory builds the agent on its own "
-                                         "traced client (rllm.tracing.get_chat_client_async), not on the model it is "
-                                         "given, whose calls do not go through the proxy")
-            return
-        refuse_other_models(built, self.model, "StrandsWorkflow: agent_factory", _FIX)
+        return await rollout.run(prompt, own_client=own_client)
 
     async def run(self, task: dict[str, Any], uid: str) -> Episode:
         """Run the agent on ``task`` (``run_rollout``); a run that did not finish cleanly ends unscored with its reason.

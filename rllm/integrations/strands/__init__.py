@@ -6,8 +6,8 @@ from rllm.integrations.strands.model import RLLMModel
 from rllm.integrations.strands.openai_model import NonStreamingOpenAIModel
 from rllm.integrations.strands.recorder import RolloutRecorder, record
 from rllm.integrations.strands.run_state import ModelCall
+from rllm.integrations.strands.runner import run_served_rollout, run_traced_rollout
 from rllm.integrations.strands.termination import describe_failure, termination_reason_for
-from rllm.integrations.strands.traced import run_served_rollout, run_traced_rollout
 
 __all__ = [
     "Budget",

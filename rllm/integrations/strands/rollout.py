@@ -1,13 +1,14 @@
-"""One runner for evaluation and training: a rollout's agent is built, run, and turned into what training reads.
+"""A rollout's record: an agent run once and read into a ``FinishedRollout``, what evaluation and training read.
 
-``StrandsWorkflow`` (evaluation, batch rollouts), the verl ``StrandsAgentLoop`` and the local
-trainer all build the agent with ``build_agent`` and run it with ``run_rollout``, which returns a
-``FinishedRollout``: how it ended (``termination_reason_for``, the one classifier), the
-trajectories (one per sample: a rewritten history starts a new one), the verl fields of each
-sample's exact trace cut at the response length, whether a cut truncated one, and the metrics.
-Each consumer keeps only what is its own: the verl loop drops or masks what is not ``scored``
-(infrastructure, cancelled), the local trainer raises on it, the workflow builds the ``Episode``
-(unscored for it).
+``run_rollout`` runs an agent that carries a recorder (a ``StrandsAgent``, or any Strands ``Agent``
+after ``record(agent)``) and returns a ``FinishedRollout``: how it ended (``termination_reason_for``,
+the one classifier), the trajectories (one per sample: a rewritten history starts a new one), the
+verl fields of each sample's exact trace cut at the response length, whether a cut truncated one, and
+the metrics. Every runner builds its record with ``finished_rollout`` (a team's in ``teams.py``, an
+agent on its own client's in ``traced.py``); what builds and runs a rollout's agent for a door is
+``runner.py``. Each consumer keeps only what is its own: the verl loop drops or masks what is not
+``scored`` (infrastructure, cancelled), the local trainer raises on it, the workflow builds the
+``Episode`` (unscored for it).
 """
 
 from __future__ import annotations
@@ -16,43 +17,19 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from strands import Agent
-from strands.handlers.callback_handler import PrintingCallbackHandler, null_callback_handler
-from strands.models.model import Model
 from strands.multiagent.base import MultiAgentBase
 
-from rllm.engine.rollout.base import RolloutEngine
-from rllm.errors import ConfigurationError, RolloutWithoutTokensError
+from rllm.errors import RolloutWithoutTokensError
 from rllm.integrations.strands.agent import StrandsAgent
-from rllm.integrations.strands.hooks import Budget
-from rllm.integrations.strands.model import RLLMModel
 from rllm.integrations.strands.recorder import RolloutRecorder
 from rllm.integrations.strands.termination import describe_failure, termination_reason_for
 from rllm.types import TerminationReason, Trajectory
 
 logger = logging.getLogger(__name__)
-
-
-def build_agent(
-    model: Model | RolloutEngine,
-    *,
-    tools: list[Any],
-    system_prompt: str | None,
-    budget: Budget | None = None,
-    **agent_kwargs: Any,
-) -> StrandsAgent:
-    """The ``StrandsAgent`` a rollout runs: ``model`` (an engine gets a fresh ``RLLMModel``), tools, prompt, budget.
-
-    The rollout defaults (no printing, ``NullConversationManager``, retries left to the engine)
-    are ``StrandsAgent``'s; ``agent_kwargs`` (``name``, ``infra_exceptions``, hooks, ...) go to it.
-    """
-    if not isinstance(model, Model):
-        model = RLLMModel(model)
-    return StrandsAgent(model, tools=tools, system_prompt=system_prompt, budget=budget, **agent_kwargs)
 
 
 def final_answer_text(trajectory: Trajectory) -> str:
@@ -318,43 +295,6 @@ def finished_rollout(end: RolloutEnd, error: BaseException | None, trajectories:
 
 Built = Agent | MultiAgentBase
 """What an agent factory returns: a Strands ``Agent``, or a ``Swarm`` or ``Graph`` of agents."""
-AgentFactory = Callable[[RLLMModel, dict[str, Any]], Built]
-"""``agent_factory(model, task)``: what runs ``task``, built on ``model`` (the rollout's ``RLLMModel``)."""
-
-
-def check_agent_choice(
-    where: str, *, agent_factory: object, tools: object, system_prompt: object = None,
-    agent_kwargs: object = None, own_client: bool = False, trace_store: object = None,
-    tools_key: str = "tools",
-) -> None:
-    """The one rule of what builds a rollout's agent, for every door that takes it.
-
-    Exactly one of ``agent_factory`` (the user's agent) or ``tools`` (an agent rllm builds, with
-    ``system_prompt``); ``system_prompt`` and ``agent_kwargs`` only with ``tools`` (a factory sets
-    its agent's own); ``own_client`` and ``trace_store`` only with ``agent_factory`` (an agent on its
-    own client). ``None`` (``False`` for ``own_client``) is "not given". ``where`` prefixes the
-    message (``StrandsWorkflow``, ``rllm.agent_loop``, ...); ``tools_key`` is how that door spells
-    ``tools`` (``tool_factory`` in a recipe). Raises ``ConfigurationError`` naming the argument and the fix.
-    """
-    factory = "agent_factory"
-    if (agent_factory is None) == (tools is None):
-        got = "neither" if agent_factory is None else "both"
-        raise ConfigurationError(f"{where}: needs {factory} (your agent) or {tools_key} (its tools, with "
-                                 f"system_prompt), exactly one; got {got}: set either {tools_key} or {factory}")
-    if agent_factory is not None:
-        for key, value in (("system_prompt", system_prompt), ("agent_kwargs", agent_kwargs)):
-            if value is not None and value != {}:
-                raise ConfigurationError(f"{where}: {key} does not apply with {factory}: the factory sets its "
-                                         f"agent's system prompt and arguments; drop {key} or build the agent "
-                                         f"from {tools_key}")
-        return
-    if own_client:
-        raise ConfigurationError(f"{where}: own_client: true serves an {factory}'s agent on its own client; set "
-                                 f"{factory} or drop own_client")
-    if trace_store is not None:
-        raise ConfigurationError(f"{where}: trace_store is for an {factory}'s agent on its own traced client; "
-                                 f"the agent built from {tools_key} runs on the rollout's RLLMModel: drop trace_store "
-                                 f"or pass {factory}")
 
 
 def built_agents(built: Built) -> list[Agent]:
@@ -362,29 +302,3 @@ def built_agents(built: Built) -> list[Agent]:
     if isinstance(built, Agent):
         return [built]
     return [node.executor for node in getattr(built, "nodes", {}).values() if isinstance(node.executor, Agent)]
-
-
-def silence_printing(built: Built) -> int:
-    """Give every agent that kept Strands' default ``PrintingCallbackHandler`` the null handler; how many.
-
-    Strands' default prints every sampled token to stdout: in training, hundreds of rollouts at once
-    would flood the log. A handler the user chose stays.
-    """
-    silenced = 0
-    for agent in built_agents(built):
-        if isinstance(agent.callback_handler, PrintingCallbackHandler):
-            agent.callback_handler = null_callback_handler
-            silenced += 1
-    return silenced
-
-
-def refuse_other_models(built: Built, model: Any, who: str, fix: str) -> None:
-    """``ConfigurationError`` for an agent (or team node) built on a model other than ``model``.
-
-    rllm records the calls of ``model`` only; ``who`` names what built the agent, ``fix`` says what to do.
-    """
-    for agent in built_agents(built):
-        if agent.model is not model:
-            kind = type(agent.model).__name__
-            raise ConfigurationError(f"{who} built agent {agent.name!r} on another model ({kind}); {fix}")
-

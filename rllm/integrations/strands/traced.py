@@ -1,16 +1,14 @@
-"""Rollouts of agents on their own model client, read back from the trace store into a ``FinishedRollout``.
+"""The reader of traces: the calls of an agent on its own model client, read back into a ``FinishedRollout``.
 
-A Strands agent on ``OpenAIModel`` or ``NonStreamingOpenAIModel`` over a traced client
-(``rllm.tracing.get_chat_client_async`` against the LiteLLM proxy) runs in a fresh tracing session.
-Its recorder says how it ended (the budget, typed tool failures, the one classifier); its calls come
-back from the proxy's ``TraceStore`` (``rllm.tracing.trajectory_from_traces``) and become the
-record's trajectories, one per token sequence (a sample), each with its exact ``TokenTrace``. So it
-evaluates like any rollout, and its samples train where the backend returned token ids.
-
-In training the same agent's client goes to the trainer's ``PolicyServer`` instead of the proxy
-(``run_served_rollout``): the server answers every call with the rollout's token engine and keeps
-the traces the proxy would have stored, so the record is read the same way, and checked against
-the tokens the engine sampled.
+A Strands agent on ``OpenAIModel`` or ``NonStreamingOpenAIModel`` over a traced client (the LiteLLM
+proxy's, or in training the trainer's ``PolicyServer``) runs in a session of its own
+(``rllm.integrations.strands.runner``: ``run_traced_rollout``, ``run_served_rollout``). Its recorder
+says how it ended (the budget, typed tool failures, the one classifier); its calls come back from the
+trace store (``rllm.tracing.trajectory_from_traces``) and become the record's trajectories, one per
+token sequence (a sample), each with its exact ``TokenTrace`` (``read_traced_rollout``). So it
+evaluates like any rollout, and its samples train where the backend returned token ids. A policy
+server's record is also checked against the tokens its engine sampled (``read_served_rollout``).
+This module runs nothing: it only reads.
 """
 
 from __future__ import annotations
@@ -19,29 +17,16 @@ import asyncio
 import dataclasses
 import logging
 import time
-import uuid
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from strands import Agent
-from strands.models.model import Model
 
-from rllm.engine.rollout.token_engine import TokenEngine, TokenSession
+from rllm.engine.rollout.token_engine import TokenSession
 from rllm.errors import ConfigurationError, GenerationAbortedError, StoreWriteError, TokenTraceError
 from rllm.integrations.strands._cancel import CANCELLED
 from rllm.integrations.strands.recorder import RolloutRecorder
-from rllm.integrations.strands.rollout import (
-    Built,
-    FinishedRollout,
-    finished_rollout,
-    invoke_agent,
-    read_rollout,
-    refuse_other_models,
-    rollout_recorder,
-)
-from rllm.integrations.strands.teams import run_built
-from rllm.tracing.policy_server import CALL_HEADER, PolicyServer
-from rllm.tracing.session import session
+from rllm.integrations.strands.rollout import FinishedRollout, RolloutEnd, finished_rollout, read_rollout
+from rllm.tracing.policy_server import CALL_HEADER, ServedSession
 from rllm.tracing.trajectory import SessionTrajectory, trajectory_from_traces
 from rllm.types import TerminationReason, Trajectory
 
@@ -57,48 +42,48 @@ class TraceSource(Protocol):
     def get_session(self, session_id: str) -> list[dict[str, Any]]: ...
 
 
-async def run_traced_rollout(
-    agent: Agent, prompt: Any, store: TraceSource, *, recorder: RolloutRecorder | None = None,
-    timeout_s: float | None = None, response_length: int | None = None, wait_s: float = 30.0,
-    session_id: str | None = None,
-) -> FinishedRollout:
-    """``run_rollout`` for an agent whose model calls go through the tracing proxy that writes ``store``.
+def answered_calls(recorder: RolloutRecorder) -> int:
+    """The model calls the recorder saw answered (a cancelled call's placeholder is no call)."""
+    return sum(1 for t in recorder.trajectories for step in t.steps if step.stop_reason != CANCELLED)
 
-    The run gets a fresh session; afterwards its traces are read from ``store`` (waiting up to
-    ``wait_s`` for calls the proxy logs after answering) and become the trajectories, one per token
-    sequence. Calls without token ids leave the record without samples (``token_samples()`` raises).
-    None of the agent's calls in the store is a ``ConfigurationError`` (its model is not on a
-    traced client); some missing is a ``StoreWriteError`` (infrastructure). ``recorder``,
-    ``timeout_s`` and ``response_length`` are ``run_rollout``'s; ``session_id`` names the session
-    (fresh and random by default). A call the backend cut (a stored finish reason ``abort``) ends
-    the rollout as ``GenerationAbortedError`` (infrastructure: unscored, no final answer), whatever
-    the client made of it, unless the run ended on an error that is neither policy nor infrastructure.
+
+async def read_traced_rollout(
+    agent: Agent, recorder: RolloutRecorder, ran: tuple[RolloutEnd, BaseException | None, float], store: TraceSource,
+    session_id: str, calls: int, *, wait_s: float, response_length: int | None,
+) -> FinishedRollout:
+    """The record of an agent's run in session ``session_id``, read from ``store``'s traces.
+
+    ``ran`` is what ``invoke_agent`` returned for the run, ``calls`` the model calls it answered
+    (``answered_calls`` after less before). The traces are read once ``calls`` of them are answered
+    or ``wait_s`` has passed (the proxy logs a call after answering it) and become the trajectories,
+    one per token sequence. Calls without token ids leave the record without samples
+    (``token_samples()`` raises). None of the agent's calls in the store is a ``ConfigurationError``
+    (its model is not on a traced client); some missing is a ``StoreWriteError`` (infrastructure). A
+    call the backend cut (a stored finish reason ``abort``) ends the rollout as
+    ``GenerationAbortedError`` (infrastructure: unscored, no final answer), whatever the client made
+    of it, unless the run ended on an error that is neither policy nor infrastructure.
     """
-    recorder = rollout_recorder(agent, recorder, "run_traced_rollout")
-    before = _model_calls(recorder)
-    async with session(session_id=session_id) as ctx:
-        end, error, latency = await invoke_agent(agent, prompt, recorder, timeout_s)
-    calls = _model_calls(recorder) - before
-    traces = await _traces(store, ctx.id, calls, wait_s)
+    end, error, latency = ran
+    traces = await _traces(store, session_id, calls, wait_s)
     rebuilt = trajectory_from_traces(traces, name=recorder.steps.name)
     stored = len(rebuilt.trajectory.steps)
     if stored < calls:
         if stored == 0:
             error = ConfigurationError(
-                f"none of the agent's {calls} model calls reached the trace store {store.path} (session {ctx.id}): "
+                f"none of the agent's {calls} model calls reached the trace store {store.path} (session {session_id}): "
                 "build its model on rllm.tracing.get_chat_client_async(proxy.base_url, proxy.api_key) and pass "
                 "the store of that proxy")
         else:
             error = StoreWriteError(f"only {stored} of the agent's {calls} model calls reached the trace store "
-                                    f"{store.path} (session {ctx.id}) within {wait_s} s")
+                                    f"{store.path} (session {session_id}) within {wait_s} s")
         end = read_rollout(recorder, error)
     cut = _cut_call(traces)
     if cut is not None and end.reason is not TerminationReason.ERROR:  # a bug or misconfiguration stays the cause
         error = GenerationAbortedError(
-            f"the backend cut call {cut} of session {ctx.id} (finish reason 'abort'); the client took the cut text "
-            "for an answer, so the rollout is neither scored nor trained", url=str(store.path), cause="abort")
+            f"the backend cut call {cut} of session {session_id} (finish reason 'abort'); the client took the cut "
+            "text for an answer, so the rollout is neither scored nor trained", url=str(store.path), cause="abort")
         end = read_rollout(recorder, error)
-    trajectories = _samples(rebuilt, recorder, ctx.id)
+    trajectories = _samples(rebuilt, recorder, session_id)
     return finished_rollout(end, error, trajectories, latency, response_length, agents=[agent])
 
 
@@ -114,32 +99,18 @@ def _cut_call(traces: list[dict[str, Any]]) -> int | None:
     return None
 
 
-def _model_calls(recorder: RolloutRecorder) -> int:
-    """The model calls the recorder saw answered (a cancelled call's placeholder is no call)."""
-    return sum(1 for t in recorder.trajectories for step in t.steps if step.stop_reason != CANCELLED)
+def read_served_rollout(finished: FinishedRollout, served: ServedSession, recorder: RolloutRecorder,
+                        session_id: str) -> FinishedRollout:
+    """The record of an agent whose own client called a ``PolicyServer``, checked against what its engine sampled.
 
-
-async def run_served_rollout(
-    agent: Agent, prompt: Any, server: PolicyServer, engine: TokenEngine, *, recorder: RolloutRecorder | None = None,
-    params: dict[str, Any] | None = None, timeout_s: float | None = None, response_length: int | None = None,
-) -> FinishedRollout:
-    """``run_traced_rollout`` for an agent whose own client calls ``server`` (training): its record.
-
-    The rollout opens a session on ``server`` served by ``engine`` (``params``: sampling under every
-    call's own); its record is read from the server's traces, as from the proxy's store. A run that
-    raised because of a failed call (the HTTP error the client saw names it in ``x-rllm-call``) ends on
-    what the engine raised for that very call; a failure the agent recovered from (an overflow Strands
-    reduced, a 503 the client retried) never decides how a later one ends. The record's samples must
-    be the engine's ``TokenSession`` samples, token for token (``TokenTraceError`` otherwise: the
-    traces do not say what was sampled). The record's ``token_sessions`` is that session (a
-    ``VerlSession`` carries verl's reports on its generations). The call's ``params`` are the
-    trainer's sampling: the sampling keys the client sends are ignored (``PolicyServer``).
+    ``finished`` is the record read from the server's traces (``read_traced_rollout``), ``served`` the
+    server's session. A run that raised because of a failed call (the HTTP error the client saw names it
+    in ``x-rllm-call``) ends on what the engine raised for that very call; a failure the agent recovered
+    from (an overflow Strands reduced, a 503 the client retried) never decides how a later one ends. The
+    record's samples must be the engine's ``TokenSession`` samples, token for token (``TokenTraceError``
+    otherwise: the traces do not say what was sampled). The record's ``token_sessions`` is that session
+    (a ``VerlSession`` carries verl's reports on its generations).
     """
-    recorder = rollout_recorder(agent, recorder, "run_served_rollout")
-    session_id = f"rollout-{uuid.uuid4().hex}"
-    with server.open(session_id, engine, params) as served:
-        finished = await run_traced_rollout(agent, prompt, server, recorder=recorder, timeout_s=timeout_s,
-                                            response_length=response_length, wait_s=0.0, session_id=session_id)
     if served.error is not None and finished.error is not served.error \
             and _raised_by(finished.error, served.error_call):
         finished = dataclasses.replace(finished, end=read_rollout(recorder, served.error), error=served.error)
@@ -161,77 +132,6 @@ def _raised_by(error: BaseException | None, call: str | None) -> bool:
             return True
         error = error.__cause__ or error.__context__
     return False
-
-
-class OwnClient(Protocol):
-    """Where the calls of an agent on its own model client go, and where its record is read back.
-
-    One idea in evaluation (``ThroughProxy``: the LiteLLM proxy and its ``TraceStore``) and training
-    (``ServedPolicy``: the trainer's ``PolicyServer``); ``run_factory_built`` runs either the same way.
-    """
-
-    async def run(self, agent: Agent, prompt: Any, recorder: RolloutRecorder, *, timeout_s: float | None,
-                  response_length: int | None) -> FinishedRollout: ...
-
-
-@dataclass(frozen=True)
-class ThroughProxy:
-    """Evaluation: the agent's client calls the tracing proxy that writes ``store`` (``run_traced_rollout``)."""
-
-    store: TraceSource
-    wait_s: float = 30.0
-
-    async def run(self, agent: Agent, prompt: Any, recorder: RolloutRecorder, *, timeout_s: float | None,
-                  response_length: int | None) -> FinishedRollout:
-        return await run_traced_rollout(agent, prompt, self.store, recorder=recorder, timeout_s=timeout_s,
-                                        response_length=response_length, wait_s=self.wait_s)
-
-
-@dataclass(frozen=True)
-class ServedPolicy:
-    """Training: the agent's client calls the trainer's ``server``, answered by ``engine`` (``run_served_rollout``)."""
-
-    server: PolicyServer
-    engine: TokenEngine
-    params: dict[str, Any] | None = None
-
-    async def run(self, agent: Agent, prompt: Any, recorder: RolloutRecorder, *, timeout_s: float | None,
-                  response_length: int | None) -> FinishedRollout:
-        return await run_served_rollout(agent, prompt, self.server, self.engine, recorder=recorder,
-                                        params=self.params, timeout_s=timeout_s, response_length=response_length)
-
-
-def check_factory_built(built: Built, model: Model, *, own_client: bool, who: str, fix: str) -> bool:
-    """Whether what a factory built runs on its own client; ``ConfigurationError`` for what cannot be recorded.
-
-    With ``own_client`` one ``Agent`` on another model runs on its own client; anything else must run on
-    ``model`` (an agent or team node on another model is refused, ``who`` naming what built it and ``fix``
-    what to do).
-    """
-    if own_client and isinstance(built, Agent) and built.model is not model:
-        return True
-    refuse_other_models(built, model, who, fix if not own_client else
-                        "build every node on the model it is given (an own client serves one Agent, not a team's "
-                        "nodes)")
-    return False
-
-
-async def run_factory_built(
-    built: Built, prompt: Any, recorders: dict[str, RolloutRecorder], model: Model, *,
-    own_client: OwnClient | None, who: str, fix: str, timeout_s: float | None = None,
-    response_length: int | None = None,
-) -> FinishedRollout:
-    """Run what an agent factory built on ``model``, in evaluation or training: its record.
-
-    With ``own_client`` one ``Agent`` on its own client runs there (``ThroughProxy`` in evaluation,
-    ``ServedPolicy`` in training). Anything else runs on ``model`` (``run_built``); an agent or team node
-    on another model is refused first, ``who`` naming what built it and ``fix`` what to do.
-    """
-    if check_factory_built(built, model, own_client=own_client is not None, who=who, fix=fix):
-        (recorder,) = recorders.values()
-        assert own_client is not None and isinstance(built, Agent)
-        return await own_client.run(built, prompt, recorder, timeout_s=timeout_s, response_length=response_length)
-    return await run_built(built, prompt, recorders, timeout_s=timeout_s, response_length=response_length)
 
 
 def _check_samples(finished: FinishedRollout, token_session: TokenSession, session_id: str) -> None:

@@ -1,4 +1,4 @@
-"""Rollouts for local training, from the same runner as verl's agent loop (``build_agent``, ``run_rollout``).
+"""Rollouts for local training, from the same runner as verl's agent loop (``rllm.integrations.strands.runner``).
 
 ``run_rollouts`` runs many prompts at once on any token engine (a batching engine samples them
 together) and keeps what local training needs of each ``FinishedRollout``; unlike verl's loop it
@@ -16,9 +16,14 @@ from typing import Any
 from rllm.engine.rollout.token_engine import TokenEngine
 from rllm.errors import ConfigurationError, RolloutCancelledError, ToolBackendError
 from rllm.integrations.strands import Budget, RLLMModel
-from rllm.integrations.strands.rollout import AgentFactory, Built, build_agent, check_agent_choice
-from rllm.integrations.strands.teams import record_built
-from rllm.integrations.strands.traced import ServedPolicy, run_factory_built
+from rllm.integrations.strands.runner import (
+    AgentChoice,
+    AgentFactory,
+    ClientRule,
+    ServedPolicy,
+    build_rollout,
+    check_agent_choice,
+)
 from rllm.tracing.policy_server import PolicyServer
 from rllm.types import TerminationReason
 
@@ -57,11 +62,9 @@ class RolloutRequest:
     task: dict[str, Any] | None = None
 
 
-async def _run_one(
-    engine: TokenEngine, request: RolloutRequest, *, tools: list[Any] | None, system_prompt: str | None, budget: Budget,
-    response_length: int, agent_factory: AgentFactory | None = None, policy_server: PolicyServer | None = None,
-) -> Rollout:
-    """Run the agent (from ``tools``, or by ``agent_factory``) on ``request.prompt``: its exact tokens and outcome.
+async def _run_one(engine: TokenEngine, request: RolloutRequest, choice: AgentChoice, *, response_length: int,
+                   policy_server: PolicyServer | None = None) -> Rollout:
+    """Run the agent ``choice`` builds on ``request.prompt``: its exact tokens and outcome.
 
     Raises what the agent's run raised unless it is a policy outcome (budget, context, response
     length), as ``StrandsAgentLoop`` does. An infrastructure failure raises too (a generation the
@@ -71,18 +74,9 @@ async def _run_one(
     either would train on it. With ``policy_server`` the factory's agent calls it on its own client.
     """
     model = RLLMModel(engine, params=dict(request.sampling))
-    built: Built
-    if agent_factory is None:
-        built = build_agent(model, tools=list(tools or []), system_prompt=system_prompt, budget=budget,
-                            name="local_rollout")
-    else:
-        built = agent_factory(model, dict(request.task or {"prompt": request.prompt}))
-    recorders = record_built(built, budget=budget)
+    rollout = build_rollout(choice, model, dict(request.task or {"prompt": request.prompt}))
     own_client = None if policy_server is None else ServedPolicy(policy_server, engine, dict(request.sampling))
-    finished = await run_factory_built(
-        built, request.prompt, recorders, model, own_client=own_client, who="run_rollouts: agent_factory",
-        fix="build it on the model it is given, or, for an agent on its own OpenAI client, pass own_client=True",
-        response_length=response_length)
+    finished = await rollout.run(request.prompt, own_client=own_client, response_length=response_length)
     finished.raise_if_unexpected()
     end = finished.end
     if end.infra_failure:
@@ -122,13 +116,17 @@ async def run_rollouts(
     """
     check_agent_choice("run_rollouts", agent_factory=agent_factory, tools=tools, system_prompt=system_prompt,
                        own_client=own_client)
+    choice = AgentChoice(
+        agent_factory=agent_factory, tools=tools, system_prompt=system_prompt, budget=budget,
+        name="local_rollout" if agent_factory is None else None,
+        client=ClientRule.MAY_OWN if own_client else ClientRule.MODEL, who="run_rollouts: agent_factory",
+        fix="build it on the model it is given, or, for an agent on its own OpenAI client, pass own_client=True")
     server = (await PolicyServer().start()) if own_client else None
     if server is not None:
         server.export()
     try:
         return list(await asyncio.gather(*(
-            _run_one(engine, r, tools=tools, system_prompt=system_prompt, budget=budget,
-                     response_length=response_length, agent_factory=agent_factory, policy_server=server)
+            _run_one(engine, r, choice, response_length=response_length, policy_server=server)
             for r in requests
         )))
     finally:

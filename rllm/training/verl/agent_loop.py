@@ -5,7 +5,7 @@ names and calls ``run(sampling_params, **row)``; the loop reads its settings fro
 (``rllm.training.verl.settings.loop_settings``: ``rllm.agent_loop``, ``rllm.reward_fn``, verl's ``multi_turn``
 keys). It builds the
 row's agent (from ``tool_factory``, or the user's ``agent_factory`` given the row's task) over
-``RLLMModel(VerlEngine(server_manager))``, runs it as evaluation does (``run_factory_built``), scores it
+``RLLMModel(VerlEngine(server_manager))``, runs it as evaluation does (``rllm.integrations.strands.runner``), scores it
 with ``rllm.reward_fn`` when set (the score handed to verl on the outputs' ``reward_score``,
 ``reward.hand_to_verl``), and returns one ``AgentLoopOutput`` per sample of the rollout, each from
 its ``TokenTrace`` (``response_mask`` 1 exactly on sampled tokens). A typed infrastructure failure or a
@@ -29,16 +29,9 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 from rllm.data.verl_rows import row_task
 from rllm.engine.rollout.verl_engine import VerlEngine, VerlSession
 from rllm.errors import ConfigurationError
-from rllm.integrations.strands import RLLMModel, RolloutRecorder, describe_failure
-from rllm.integrations.strands.rollout import (
-    Built,
-    FinishedRollout,
-    build_agent,
-    built_agents,
-    silence_printing,
-)
-from rllm.integrations.strands.teams import record_built
-from rllm.integrations.strands.traced import ServedPolicy, run_factory_built
+from rllm.integrations.strands import RLLMModel, describe_failure
+from rllm.integrations.strands.rollout import Built, FinishedRollout, built_agents
+from rllm.integrations.strands.runner import AgentChoice, BuiltRollout, ClientRule, ServedPolicy, build_rollout
 from rllm.records import CONVERSATION_FIELD, conversation, number_call_ids
 from rllm.rewards.base import score_answer
 from rllm.tokens.renderer import content_text
@@ -80,20 +73,20 @@ class RolloutOutcome:
 
 
 @functools.lru_cache(maxsize=16)
-def _cached_tools(factory: str, kwargs_json: str) -> tuple[Any, ...]:
+def _cached_tools(tool_factory: str, kwargs_json: str) -> tuple[Any, ...]:
     # Strands tools are stateless callables, so one set per worker process serves every rollout
     # (and keeps one connection pool per tool instead of one per trajectory).
-    return tuple(import_object(factory)(**json.loads(kwargs_json)))
+    return tuple(import_object(tool_factory)(**json.loads(kwargs_json)))
 
 
-def build_tools(factory: str, kwargs: dict[str, Any] | None = None) -> list[Any]:
-    """The Strands tools ``factory(**kwargs)`` returns, built once per process for equal arguments.
+def build_tools(tool_factory: str, kwargs: dict[str, Any] | None = None) -> list[Any]:
+    """The Strands tools ``tool_factory(**kwargs)`` returns, built once per process for equal arguments.
 
     The run's secrets (the retrieval token) are copied into this worker's environment first, where
     the tools read them (``rllm.training.verl.secrets``).
     """
     receive_secrets()
-    return list(_cached_tools(factory, json.dumps(kwargs or {}, sort_keys=True)))
+    return list(_cached_tools(tool_factory, json.dumps(kwargs or {}, sort_keys=True)))
 
 
 def _plain(value: Any) -> Any:
@@ -105,11 +98,24 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def factory_refusal(settings: LoopSettings) -> dict[str, str]:
-    """``who`` and ``fix`` for ``check_factory_built``: what built a refused agent, and what to do instead."""
-    return {"who": f"{SETTINGS_KEY}.agent_factory={settings.agent_factory}",
-            "fix": "build it on the model it is given, whose token engine records what training needs, or, for an "
-                   f"agent on its own OpenAI client, set {SETTINGS_KEY}.own_client: true"}
+def agent_choice(settings: LoopSettings, *, system_prompt: str | None = None, name: str | None = None) -> AgentChoice:
+    """What builds a rollout's agent in training, as every rollout worker (and the launcher's checks) builds it.
+
+    The recipe's ``agent_factory`` (imported here; ``ImportError`` when it does not import), else an agent from
+    ``tool_factory``'s tools with ``system_prompt``; the budget and ``infra_exceptions`` for either; ``own_client``
+    lets a factory's one ``Agent`` keep its own client. A refusal names the recipe's key.
+    """
+    block = settings.block
+    common: dict[str, Any] = {
+        "budget": settings.budget, "infra_exceptions": settings.infra_exceptions, "name": name, "quiet": True,
+        "who": f"{SETTINGS_KEY}.agent_factory={block.agent_factory}",
+        "fix": "build it on the model it is given, whose token engine records what training needs, or, for an "
+               f"agent on its own OpenAI client, set {SETTINGS_KEY}.own_client: true"}
+    if block.agent_factory is not None:
+        return AgentChoice(agent_factory=import_object(block.agent_factory),
+                           client=ClientRule.MAY_OWN if block.own_client else ClientRule.MODEL, **common)
+    assert block.tool_factory is not None
+    return AgentChoice(tools=build_tools(block.tool_factory, block.tool_kwargs), system_prompt=system_prompt, **common)
 
 
 def row_task_or_row(row: dict[str, Any]) -> dict[str, Any]:
@@ -220,8 +226,8 @@ class StrandsAgentLoop(AgentLoopBase):
     def _system_prompt(self, from_row: str | None) -> str:
         if from_row is not None:
             return from_row
-        if self.settings.system_prompt is not None:
-            return self.settings.system_prompt
+        if self.settings.block.system_prompt is not None:
+            return self.settings.block.system_prompt
         raise ConfigurationError("the row's prompt has no system message and the agent loop's system_prompt is "
                                  "null; write it into the rows (scripts/prepare_hotpotqa.py does) or set "
                                  f"{SETTINGS_KEY}.system_prompt")
@@ -245,61 +251,48 @@ class StrandsAgentLoop(AgentLoopBase):
 
         Raises any exception that is not a typed infrastructure failure or a policy outcome
         (context overflow, response budget), with its cause. The agent is built and run as in
-        evaluation (``build_agent``, ``run_rollout``); the tokens are its samples
+        evaluation (``build_rollout``, ``BuiltRollout.run``); the tokens are its samples
         (``FinishedRollout.samples``), exported with ``TokenTrace.to_verl`` at ``response_length``. With
         ``own_client`` the agent's own client calls ``policy_server`` (the worker's), whose answers are
         the same engine's (``run_served_rollout``).
         """
         system, conversation = split_prompt(kwargs["raw_prompt"])
-        params = {} if self.settings.max_tokens_per_turn is None else {"max_tokens": self.settings.max_tokens_per_turn}
+        max_tokens = self.settings.block.max_tokens_per_turn
+        params = {} if max_tokens is None else {"max_tokens": max_tokens}
         engine = self.build_engine(sampling_params)
         model = RLLMModel(engine, params=params)
-        if self.settings.own_client:
+        if self.settings.block.own_client:
             if policy_server is None:
                 raise ConfigurationError(f"{SETTINGS_KEY}.own_client needs rllm's agent-loop worker, which serves the "
                                          "policy (rllm.training.verl.manager.StrandsAgentLoopManager)")
             (await policy_server.start()).export()  # before the factory, which reads RLLM_POLICY_*
-        built, recorders = self._agent(model, system, kwargs)
+        rollout = self._agent(model, system, kwargs)
         prompt: Any = conversation
         if len(conversation) == 1 and conversation[0]["role"] == "user":
             prompt = conversation[0]["content"][0]["text"]
-        own_client = None if policy_server is None or not self.settings.own_client else \
+        own_client = None if policy_server is None or not self.settings.block.own_client else \
             ServedPolicy(policy_server, engine, params)
-        finished = await run_factory_built(
-            built, prompt, recorders, model, own_client=own_client, **factory_refusal(self.settings),
-            timeout_s=self.settings.timeout_s, response_length=self.response_length)
+        finished = await rollout.run(prompt, own_client=own_client, timeout_s=self.settings.block.timeout_s,
+                                     response_length=self.response_length)
         finished.raise_if_unexpected()
-        outputs = self._outputs(finished, kwargs, num_tools=count_tools(built))
+        outputs = self._outputs(finished, kwargs, num_tools=count_tools(rollout.built))
         if self.settings.reward_fn is not None and finished.end.scored:
             reward = await score_answer(import_object(self.settings.reward_fn), row_task_or_row(kwargs),
                                         finished.end.final_answer)
             hand_to_verl(outputs, reward, tool_calls=int(finished.metrics["tool_calls"]))
         return outputs
 
-    def _agent(self, model: RLLMModel, system: str | None,
-               row: dict[str, Any]) -> tuple[Built, dict[str, RolloutRecorder]]:
+    def _agent(self, model: RLLMModel, system: str | None, row: dict[str, Any]) -> BuiltRollout:
         """The rollout's agent (or team) and its recorders: from ``tool_factory``, or the user's ``agent_factory``.
 
-        A factory's agent is built on ``model``, or with ``own_client`` it may be one ``Agent`` on its own
-        client; ``run_factory_built`` refuses anything else before it runs.
+        A factory's agent is built on ``model`` (the row's task, ``row_task_or_row``), or with ``own_client``
+        it may be one ``Agent`` on its own client; the runner refuses anything else before it runs.
         """
-        settings = self.settings
-        if settings.agent_factory is None:
-            assert settings.tool_factory is not None
-            agent = build_agent(model, tools=build_tools(settings.tool_factory, settings.tool_kwargs),
-                                system_prompt=self._system_prompt(system), budget=settings.budget, name=self.name,
-                                infra_exceptions=settings.infra_exceptions)
-            return agent, {self.name: agent.recorder}
+        if self.settings.block.agent_factory is None:
+            return build_rollout(agent_choice(self.settings, system_prompt=self._system_prompt(system),
+                                              name=self.name), model)
         receive_secrets()
-        factory = settings.agent_factory
-        built = import_object(factory)(model, row_task_or_row(row))
-        try:
-            recorders = record_built(built, name=self.name, budget=settings.budget,
-                                     infra_exceptions=settings.infra_exceptions)
-        except TypeError as error:  # not an Agent, Swarm or Graph, or a team with a node rllm cannot record
-            raise ConfigurationError(f"{SETTINGS_KEY}.agent_factory={factory}: {error}") from error
-        silence_printing(built)
-        return built, recorders
+        return build_rollout(agent_choice(self.settings, name=self.name), model, row_task_or_row(row))
 
     def _outputs(self, finished: FinishedRollout, row: dict[str, Any], *,
                  num_tools: int | None = None) -> list[AgentLoopOutput]:

@@ -26,16 +26,15 @@ from omegaconf import OmegaConf
 from rllm.errors import ConfigurationError
 from rllm.integrations.strands import Budget, RLLMModel
 from rllm.integrations.strands.rollout import built_agents
-from rllm.integrations.strands.teams import record_built
-from rllm.integrations.strands.traced import check_factory_built
+from rllm.integrations.strands.runner import build_rollout
 from rllm.rewards.base import score_answer
 from rllm.tracing.policy_server import API_KEY_ENV, BASE_URL_ENV, MODEL_ENV
 from rllm.training.verl._dotted import import_object
 from rllm.training.verl.agent_loop import (
     SETTINGS_KEY,
     LoopSettings,
+    agent_choice,
     build_tools,
-    factory_refusal,
     loop_settings,
     row_task_or_row,
     split_prompt,
@@ -147,33 +146,21 @@ def preflight(config: Any) -> Preflight:
     # As verl's worker passes a row to the loop: its prompt as raw_prompt, in the first session of its group.
     task = row_task_or_row({**row, "raw_prompt": row.get("prompt"), "session_id": 0})
     model = RLLMModel(_NoGeneration())
-    if settings.agent_factory is not None:
-        key = f"{SETTINGS_KEY}.agent_factory"
-        factory = _import(key, settings.agent_factory)
-        with _policy_placeholder(settings.own_client):
-            try:
-                built = factory(model, task)
-            except ConfigurationError:
-                raise
-            except Exception as error:
-                raise ConfigurationError(f"{key}={settings.agent_factory} raised on the first training task "
-                                         f"({type(error).__name__}: {error})") from error
-        try:
-            record_built(built, budget=settings.budget)
-        except TypeError as error:
-            raise ConfigurationError(f"{key}={settings.agent_factory}: {error}") from error
-        check_factory_built(built, model, own_client=settings.own_client, **factory_refusal(settings))
+    if settings.block.agent_factory is not None:
+        _import(f"{SETTINGS_KEY}.agent_factory", settings.block.agent_factory)
+        with _policy_placeholder(settings.block.own_client):  # built, recorded and checked as a rollout worker does
+            built = build_rollout(agent_choice(settings), model, task, where="the first training task").built
         tools = [tool for agent in built_agents(built) for tool in agent.tool_registry.registry.values()]
     else:
-        assert settings.tool_factory is not None
-        _import(f"{SETTINGS_KEY}.tool_factory", settings.tool_factory)
+        assert settings.block.tool_factory is not None
+        _import(f"{SETTINGS_KEY}.tool_factory", settings.block.tool_factory)
         try:
-            tools = build_tools(settings.tool_factory, settings.tool_kwargs)
+            tools = build_tools(settings.block.tool_factory, settings.block.tool_kwargs)
         except Exception as error:
-            raise ConfigurationError(f"{SETTINGS_KEY}.tool_factory={settings.tool_factory} raised "
+            raise ConfigurationError(f"{SETTINGS_KEY}.tool_factory={settings.block.tool_factory} raised "
                                      f"({type(error).__name__}: {error})") from error
         system, _ = split_prompt(row["prompt"])
-        if system is None and settings.system_prompt is None:
+        if system is None and settings.block.system_prompt is None:
             raise ConfigurationError(f"the training rows carry no system message and {SETTINGS_KEY}.system_prompt "
                                      "is null: the agent built from tool_factory would have no instructions")
     if settings.reward_fn is not None:

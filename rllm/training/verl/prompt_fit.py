@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,17 +42,14 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from rllm.engine.rollout.token_engine import TokenEngine, TokenOutput, TokenSession
 from rllm.errors import ConfigurationError
 from rllm.integrations.strands import RLLMModel
-from rllm.integrations.strands.rollout import Built, build_agent, silence_printing
-from rllm.integrations.strands.teams import record_built
-from rllm.integrations.strands.traced import ServedPolicy, run_factory_built
+from rllm.integrations.strands.runner import AgentChoice, ServedPolicy, build_rollout
 from rllm.tracing.policy_server import PolicyServer
 from rllm.training.verl._dotted import import_object
 from rllm.training.verl.agent_loop import (
     SETTINGS_KEY,
     LoopSettings,
     StrandsAgentLoop,
-    build_tools,
-    factory_refusal,
+    agent_choice,
     loop_settings,
     row_task_or_row,
     split_prompt,
@@ -195,19 +193,15 @@ class _Measure:
         self.settings = settings
         self.engine = engine
         self.model = RLLMModel(engine)
-        self.factory: Callable[..., Built] | None = None
         self.server: PolicyServer | None = None
-        if settings.agent_factory is not None:
-            self.factory = _import(f"{SETTINGS_KEY}.agent_factory", settings.agent_factory)
-        else:
-            assert settings.tool_factory is not None
-            _import(f"{SETTINGS_KEY}.tool_factory", settings.tool_factory)
-            self.tools = build_tools(settings.tool_factory, settings.tool_kwargs)
+        key = "agent_factory" if settings.block.agent_factory is not None else "tool_factory"
+        _import(f"{SETTINGS_KEY}.{key}", str(getattr(settings.block, key)))
+        self.choice: AgentChoice = agent_choice(settings, name=AGENT_NAME)  # a factory imported, tools built once
 
     @contextlib.asynccontextmanager
     async def serving(self) -> AsyncIterator[None]:
         """With ``own_client``, the policy server a worker serves such an agent, exported as it exports it."""
-        if not self.settings.own_client:
+        if not self.settings.block.own_client:
             yield
             return
         with policy_env_restored():
@@ -226,35 +220,19 @@ class _Measure:
         prompt: Any = conversation
         if len(conversation) == 1 and conversation[0]["role"] == "user":
             prompt = conversation[0]["content"][0]["text"]
-        if self.factory is None:
-            if system is None and settings.system_prompt is None:
+        choice, task = self.choice, None
+        if settings.block.agent_factory is None:
+            if system is None and settings.block.system_prompt is None:
                 raise ConfigurationError(f"{where} has no system message and {SETTINGS_KEY}.system_prompt is null: "
                                          "the agent built from tool_factory would have no instructions")
-            instructions = system if system is not None else settings.system_prompt  # as the loop's _system_prompt
-            agent = build_agent(self.model, tools=self.tools, system_prompt=instructions,
-                                budget=settings.budget, name=AGENT_NAME, infra_exceptions=settings.infra_exceptions)
-            built: Built = agent
-            recorders = {AGENT_NAME: agent.recorder}
+            instructions = system if system is not None else settings.block.system_prompt  # as StrandsAgentLoop
+            choice = dataclasses.replace(choice, system_prompt=instructions)
         else:
-            key = f"{SETTINGS_KEY}.agent_factory={settings.agent_factory}"
             task = row_task_or_row({**row, "raw_prompt": row.get("prompt"), "session_id": 0})
-            try:
-                built = self.factory(self.model, task)  # with own_client, after the policy server's export
-            except ConfigurationError:
-                raise
-            except Exception as error:
-                raise ConfigurationError(f"{key} raised on {where} ({type(error).__name__}: {error})") from error
-            try:
-                recorders = record_built(built, name=AGENT_NAME, budget=settings.budget,
-                                         infra_exceptions=settings.infra_exceptions)
-            except TypeError as error:
-                raise ConfigurationError(f"{key}: {error}") from error
-            silence_printing(built)
+        rollout = build_rollout(choice, self.model, task, where=where)  # with own_client, after the server's export
         before = len(self.engine.first)
-        refusal = factory_refusal(settings)
         own_client = None if self.server is None else ServedPolicy(self.server, self.engine)
-        finished = await run_factory_built(built, prompt, recorders, self.model, own_client=own_client,
-                                           who=refusal["who"], fix=refusal["fix"])
+        finished = await rollout.run(prompt, own_client=own_client)
         measured = self.engine.first[before:]
         if not measured:
             end = finished.end

@@ -277,24 +277,37 @@ class RolloutRecordSettings:
 
 @dataclass(frozen=True)
 class AgentLoopBlock:
-    """``rllm.agent_loop`` as the recipe writes it, checked (``loop_settings`` resolves it: ``LoopSettings``).
+    """``rllm.agent_loop`` as the recipe writes it, checked (``loop_settings`` resolves what it names).
 
     Attributes:
-        tool_factory: ``module:function`` returning the agent's Strands tools; rllm builds the agent with
-            them, ``system_prompt`` and the budget. One of it and ``agent_factory`` (null).
+        tool_factory: ``module:function`` returning the agent's Strands tools; the loop builds a
+            ``StrandsAgent`` with them, the system prompt and the budget. One of it and ``agent_factory`` (null).
         agent_factory: ``module:function`` taking ``(model, task)`` and returning the user's Strands
-            ``Agent``, ``Swarm`` or ``Graph`` built on ``model`` (null).
+            ``Agent``, ``Swarm`` or ``Graph`` (its own class, hooks, tools, conversation manager) built on
+            ``model``, the rollout's ``RLLMModel`` (null). ``task`` is the user's task when the rows were
+            written from task files (``data.train_files`` of tasks: the dict itself), else verl's dataset
+            row as the worker passes it (``raw_prompt``, ``extra_info``, ``reward_model``, ...). The loop
+            attaches a ``RolloutRecorder`` (with the budget and ``infra_exceptions``) and runs it on the
+            row's prompt without its system message, which the factory sets itself.
         tool_kwargs: Keyword arguments for ``tool_factory`` (``retrieval_url``, ...; none).
-        system_prompt: The system message when the rows carry none (null: the rows' own).
-        budget: The episode budget: a dotted path to a ``Budget``, or a mapping of its fields (null:
-            ``Budget()``'s defaults).
-        timeout_s: Seconds after which a running rollout is an infrastructure failure (null: no limit;
-            the recipes set 600).
-        infra_exceptions: Further exception classes (dotted paths) that, raised by a tool, mark its
-            backend failed (none).
-        max_tokens_per_turn: Most tokens one model call may sample (null: what is left of
-            ``data.max_response_length``).
-        own_client: The factory's agent keeps its own OpenAI client, served the policy over HTTP (false).
+        system_prompt: The system message of the agent built from ``tool_factory`` when the rows carry none
+            (null: the rows' own; a row without one is then refused).
+        budget: The episode ``Budget``: a dotted path to a ``Budget``, or a mapping of its fields (null:
+            ``Budget()``'s defaults); its model calls are replaced by ``multi_turn.max_assistant_turns`` when
+            that is set.
+        timeout_s: Seconds after which a running rollout is an infrastructure failure (a hung tool or server),
+            excluded from the update (null: no limit; the recipes set 600).
+        infra_exceptions: Further exception classes (dotted paths) that, raised by a tool, mark the rollout an
+            infrastructure failure (``rllm.errors.InfrastructureError`` always does; none). Tools mark their own
+            backend failures by raising ``rllm.errors.ToolBackendError`` (as ``local_search`` does); name a
+            third-party exception (``httpx.TransportError``) only when it can never be the policy's doing.
+        max_tokens_per_turn: Most tokens one model call may sample (Strands' model ``params`` ``max_tokens``;
+            null: what is left of ``data.max_response_length``).
+        own_client: The factory's agent may keep its own model client (Strands' ``OpenAIModel`` on
+            ``rllm.tracing.policy_endpoint().async_client()``): the worker serves the policy to it over HTTP
+            (``rllm.tracing.PolicyServer``, its address in ``RLLM_POLICY_*``), each call on the rollout's
+            engine, and the rollout is read from the server's traces (``run_served_rollout``). An agent the
+            factory builds on the model it is given runs on that model as without it (false).
         task_to_prompt: ``module:function`` taking a task dict and returning the user message, as
             ``AgentTrainer``'s ``workflow_args["task_to_prompt"]``: the launcher writes task files
             (``data.train_files``, ``data.val_files``) as rows with it (null: the task's ``question``,
@@ -455,55 +468,24 @@ are honoured; ``enable`` and ``num_repeat_rollouts`` shape no rollout of this lo
 
 @dataclass(frozen=True)
 class LoopSettings:
-    """What the loop runs: ``rllm.agent_loop`` resolved, with ``rllm.reward_fn`` and verl's ``multi_turn`` keys.
+    """What the loop runs: the checked ``rllm.agent_loop`` block and what only its process can resolve of it.
+
+    The block's keys are read from ``block`` (``AgentLoopBlock`` says what each takes); this class holds
+    only what resolving adds, so no key is written twice.
 
     Attributes:
-        tool_factory: ``module:function`` returning the agent's Strands tools; the loop builds a
-            ``StrandsAgent`` with them, the system prompt and the budget. One of it and ``agent_factory``.
-        agent_factory: ``module:function`` with ``function(model, row)`` returning any Strands ``Agent``
-            built on ``model`` (the rollout's ``RLLMModel``) for the dataset row as verl passes it
-            (``raw_prompt``, ``extra_info``, ``reward_model``, ...): the user's own agent, its class,
-            hooks, tools and conversation manager. The loop attaches a ``RolloutRecorder`` (with the
-            budget and ``infra_exceptions``) and runs it on the row's prompt without its system
-            message, which the factory reads from the row if it wants it.
-        tool_kwargs: Keyword arguments for ``tool_factory`` (e.g. ``retrieval_url``).
-        system_prompt: Used when the row's prompt has no system message (a row without one and a
-            ``None`` here is refused).
-        budget: The episode ``Budget``: ``budget`` in the block (a dotted path to a ``Budget``,
-            or a mapping of its fields), its model calls replaced by ``multi_turn.max_assistant_turns``
-            when that is set.
-        tool_parser: How tool calls are parsed from sampled text: ``multi_turn.format``.
-        timeout_s: Wall-clock limit per rollout; a rollout that runs past it is an infrastructure
-            failure (a hung tool or server), excluded from the update. ``None``: no limit.
-        infra_exceptions: Further exception classes (``infra_exceptions`` in the block, dotted
-            paths) that, raised by a tool, mark the rollout as an infrastructure failure
-            (``rllm.errors.InfrastructureError`` always does). Empty by default: tools mark their
-            own backend failures by raising ``rllm.errors.ToolBackendError`` (as ``local_search``
-            does); name a third-party exception (``httpx.TransportError``) only when it can never
-            be the policy's doing.
-        max_tokens_per_turn: Most tokens one model call may sample (Strands' model ``params``
-            ``max_tokens``); ``None``: whatever is left of ``response_length``.
-        own_client: The factory's agent may keep its own model client (Strands' ``OpenAIModel`` on
-            ``rllm.tracing.policy_endpoint().async_client()``): the worker serves the policy to it over
-            HTTP (``rllm.tracing.PolicyServer``, its address in ``RLLM_POLICY_*``), each call on the
-            rollout's engine, and the rollout is read from the server's traces (``run_served_rollout``).
-            An agent the factory builds on the model it is given runs on that model as without it.
-        reward_fn: ``module:function`` (the recipe's ``rllm.reward_fn``) with ``function(task, final_answer)``
-            returning a ``RewardOutput`` or a number, as ``StrandsWorkflow`` scores: the loop scores each
-            finished rollout with it and hands verl the score (``AgentLoopOutput.reward_score``). ``None``:
-            the verl reward function the recipe names in ``reward.custom_reward_function`` scores instead.
+        block: ``rllm.agent_loop`` as checked (``tool_factory``, ``agent_factory``, ``system_prompt``, ...).
+        budget: ``block.budget`` resolved: the ``Budget`` it names or maps, with ``multi_turn.max_assistant_turns``.
+        infra_exceptions: ``block.infra_exceptions`` resolved: the exception classes imported.
+        tool_parser: How tool calls are parsed from sampled text: verl's ``multi_turn.format`` (``hermes``).
+        reward_fn: The recipe's ``rllm.reward_fn`` (``RllmSettings.reward_fn``), which the loop scores with and
+            hands verl the score (``AgentLoopOutput.reward_score``); ``None``: the recipe's own verl reward function.
     """
 
-    tool_factory: str | None
-    tool_kwargs: dict[str, Any]
-    system_prompt: str | None
+    block: AgentLoopBlock
     budget: Budget
-    tool_parser: str
-    timeout_s: float | None
     infra_exceptions: tuple[type[BaseException], ...]
-    max_tokens_per_turn: int | None = None
-    agent_factory: str | None = None
-    own_client: bool = False
+    tool_parser: str = "hermes"
     reward_fn: str | None = None
 
 
@@ -575,7 +557,7 @@ def loop_settings(config: Any) -> LoopSettings:
     if block is None:
         raise ConfigurationError(f"StrandsAgentLoop reads its settings from the recipe's {SETTINGS_KEY} block "
                                  f"({', '.join(AGENT_LOOP_KEYS)}), which this config lacks")
-    from rllm.integrations.strands.rollout import check_agent_choice
+    from rllm.integrations.strands.runner import check_agent_choice
 
     # system_prompt stays allowed beside agent_factory here: it is the rows' fallback system message.
     check_agent_choice(SETTINGS_KEY, agent_factory=block.agent_factory or None, tools=block.tool_factory or None,
@@ -584,16 +566,5 @@ def loop_settings(config: Any) -> LoopSettings:
     budget = _budget(block.budget)
     if turns is not None:
         budget = dataclasses.replace(budget, max_model_turns=turns)
-    return LoopSettings(
-        reward_fn=settings.reward_fn,
-        tool_factory=block.tool_factory,
-        agent_factory=block.agent_factory,
-        tool_kwargs=dict(block.tool_kwargs),
-        system_prompt=block.system_prompt,
-        budget=budget,
-        tool_parser=tool_parser,
-        timeout_s=block.timeout_s,
-        infra_exceptions=tuple(_exception_class(path) for path in block.infra_exceptions),
-        max_tokens_per_turn=block.max_tokens_per_turn,
-        own_client=block.own_client,
-    )
+    return LoopSettings(block=block, budget=budget, tool_parser=tool_parser, reward_fn=settings.reward_fn,
+                        infra_exceptions=tuple(_exception_class(path) for path in block.infra_exceptions))

@@ -24,7 +24,8 @@ from rllm.engine.rollout.transformers_engine import TransformersEngine
 from rllm.engine.rollout.vllm_engine import VLLMEngine
 from rllm.errors import GenerationAbortedError, exception_chain
 from rllm.integrations.strands import NonStreamingOpenAIModel
-from rllm.integrations.strands.rollout import build_agent, run_rollout
+from rllm.integrations.strands.rollout import run_rollout
+from rllm.integrations.strands.runner import build_agent
 from rllm.offline.chat_templates import FAMILIES
 from rllm.offline.scripted_server import ScriptedOpenAIServer, ScriptedReply, ScriptedToolCall
 from rllm.offline.scripted_tokens import Cut, ScriptedTokenServer

@@ -395,8 +395,8 @@ async def test_real_search_tool_against_a_real_retrieval_server(tokenizer, retri
     monkeypatch.setenv("RETRIEVAL_SERVER_URL", retrieval_server.base_url)  # read by the recipe's tool_kwargs
     server = FakeServerManager(tokenizer, search_then_answer_with_top_title)
     loop, _ = build_loop(tokenizer, server, stand_in_tool=False)
-    assert loop.settings.tool_factory == "rllm.agents.search:search_tools"
-    assert loop.settings.tool_kwargs == {"retrieval_url": retrieval_server.base_url}
+    assert loop.settings.block.tool_factory == "rllm.agents.search:search_tools"
+    assert loop.settings.block.tool_kwargs == {"retrieval_url": retrieval_server.base_url}
 
     (output,) = await loop.run(dict(SAMPLING), **row())
 

@@ -135,8 +135,8 @@ def test_the_recipes_tools_budget_and_scorer_answer_the_rows(tmp_path) -> None:
     write_lookup_rows(*world.split(8), tmp_path / "data")
     composed = prepare_config(compose(*verl_overrides(config, tmp_path / "model", tmp_path / "data", tmp_path)))
     settings = loop_settings(composed)
-    assert settings.budget == LOOKUP_BUDGET and settings.system_prompt is None and settings.tool_parser == "hermes"
-    (lookup,) = build_tools(settings.tool_factory, settings.tool_kwargs)
+    assert settings.budget == LOOKUP_BUDGET and settings.block.system_prompt is None and settings.tool_parser == "hermes"
+    (lookup,) = build_tools(settings.block.tool_factory, settings.block.tool_kwargs)
 
     row = pd.read_parquet(tmp_path / "data" / "validation.parquet").iloc[3]
     system, messages = split_prompt(row["prompt"])

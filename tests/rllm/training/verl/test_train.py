@@ -368,10 +368,10 @@ def test_the_loop_reads_its_settings_from_the_recipe_and_evaluations_budget(monk
 
     monkeypatch.setenv("RETRIEVAL_SERVER_URL", "http://10.0.0.7:8123")
     settings = loop_settings(prepare_config(compose()))
-    assert settings.tool_factory == "rllm.agents.search:search_tools"
-    assert settings.tool_kwargs == {"retrieval_url": "http://10.0.0.7:8123"}  # resolved by the launcher
+    assert settings.block.tool_factory == "rllm.agents.search:search_tools"
+    assert settings.block.tool_kwargs == {"retrieval_url": "http://10.0.0.7:8123"}  # resolved by the launcher
     assert settings.budget == DEFAULT_SEARCH_BUDGET and settings.tool_parser == "hermes"
-    assert settings.timeout_s == 600 and settings.infra_exceptions == () and settings.system_prompt is None
+    assert settings.block.timeout_s == 600 and settings.infra_exceptions == () and settings.block.system_prompt is None
     # verl's own keys that this loop can honour, it honours.
     honoured = loop_settings(compose("actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
                                      "actor_rollout_ref.rollout.multi_turn.format=qwen3_coder"))
