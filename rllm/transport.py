@@ -4,7 +4,8 @@ The engines (``OpenAIEngine``, the token engines' ``JSONClient``) and the retrie
 (``rag.client``) send JSON through ``HTTPTransport``; the ``http_request`` tool and the tracing
 proxy's ``TokenIdBackend`` open their clients with ``open_client`` (neither retries: a policy's
 request is sent once, and the backend reports each failure to LiteLLM as it came), the SGLang
-served-weights check with ``open_sync_client``. No other module builds an HTTP client.
+served-weights check with ``open_sync_client``, the traced OpenAI clients (``rllm.tracing.client``) with
+``open_openai_client`` / ``open_openai_sync_client``. No other module builds an HTTP client.
 
 * One ``httpx.AsyncClient`` per event loop (an httpx pool cannot cross loops, and Strands'
   synchronous ``Agent.__call__`` runs each call on a fresh loop), with a finite timeout per attempt.
@@ -141,6 +142,24 @@ def open_sync_client(*, timeout: float, base_url: str = "", max_connections: int
                      headers: Mapping[str, str] | None = None, follow_redirects: bool = False) -> httpx.Client:
     """``open_client``'s blocking twin, for callers outside an event loop (the served-weights check)."""
     return httpx.Client(**_client_options(timeout, base_url, max_connections, headers, follow_redirects))
+
+
+_OPENAI_OPTIONS: dict[str, Any] = {"timeout": httpx.Timeout(600.0, connect=5.0), "follow_redirects": True,
+                                   "limits": httpx.Limits(max_connections=1000, max_keepalive_connections=100)}
+"""openai's own defaults for the client it would build (``openai.DefaultAsyncHttpxClient``)."""
+
+
+def open_openai_client() -> httpx.AsyncClient:
+    """An ``httpx.AsyncClient`` for an ``openai.AsyncOpenAI``, with openai's defaults (10 minutes, 5 s to connect).
+
+    openai takes an httpx client as its own (a "legacy" one); the tracing clients add their hook to it.
+    """
+    return httpx.AsyncClient(**_OPENAI_OPTIONS)
+
+
+def open_openai_sync_client() -> httpx.Client:
+    """``open_openai_client``'s blocking twin, for an ``openai.OpenAI``."""
+    return httpx.Client(**_OPENAI_OPTIONS)
 
 
 class _RetryableStatus(Exception):

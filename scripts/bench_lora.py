@@ -34,11 +34,12 @@ from rllm.proofs.verl_trainer import run_verl_trainer, verl_overrides, write_loo
 _SCORED: dict[object, int] = {}
 
 
-def varied_score(task: dict, final_answer: str, **_: object) -> dict[str, float]:
-    """0 and 1 in turn for the rollouts of each box: a random model's groups have a learning signal to train on."""
-    turn = _SCORED.get(task["id"], 0)
-    _SCORED[task["id"]] = turn + 1
-    return {"score": float(turn % 2)}
+def varied_score(task: dict, final_answer: str) -> float:
+    """0 and 1 in turn for the rollouts of each box (``rllm.reward_fn``; the row's id is in its ``extra_info``)."""
+    key = (task.get("extra_info") or {}).get("id", task.get("id"))
+    turn = _SCORED.get(key, 0)
+    _SCORED[key] = turn + 1
+    return float(turn % 2)
 
 
 MODELS = {"page tiny Qwen3 64x2": 64, "quickstart Qwen3 256x2": 256}
@@ -51,7 +52,7 @@ def _run(name: str, model_dir: Path, data_dir: Path, out: Path, config: ProofCon
                  "trainer.val_before_train=false", "trainer.save_freq=-1",
                  # A random model writes to the end of every response and calls no tool: what it trains on is the
                  # scripted score above, and the guards that would stop it on those are off.
-                 "reward.custom_reward_function.reward_kwargs.scorer=bench_lora:varied_score",
+                 "rllm.reward_fn=bench_lora:varied_score",
                  "rllm.guards.max_truncated_share=null", "rllm.guards.max_steps_without_tool_calls=null",
                  "rllm.guards.max_malformed_tool_call_share=null", *extra]
     started = time.perf_counter()

@@ -19,7 +19,7 @@ from typing import Any
 
 from strands import tool
 
-from rllm.data.verl_rows import AGENT_NAME, verl_row
+from rllm.data.verl_rows import AGENT_NAME, scoring_task, verl_row
 from rllm.integrations.strands import Budget
 from rllm.rewards.base import RewardOutput
 
@@ -113,7 +113,7 @@ def score_lookup_answer(answer: str, task: LookupTask) -> float:
 
 
 def score_lookup_row(task: dict[str, Any], final_answer: str) -> dict[str, float]:
-    r"""Verl's numbers for one final answer (the scorer ``rllm.training.verl.reward`` calls).
+    r"""The numbers of one final answer (``lookup_row_reward`` hands them to verl).
 
     ``task["answer"]`` is the row's ground truth, the code; returns ``score`` (1.0 when the last
     ``\boxed{}`` holds it, as ``score_lookup_answer``) and ``boxed`` (an answer was found).
@@ -133,6 +133,16 @@ def lookup_reward(task: dict[str, Any], final_answer: str) -> RewardOutput:
     scores = score_lookup_row(task, final_answer)
     return RewardOutput(reward=scores["score"], is_correct=scores["score"] == 1.0,
                         metadata={"boxed": _boxed_code(final_answer), "answer": task["answer"]})
+
+
+def lookup_row_reward(task: dict[str, Any], final_answer: str) -> RewardOutput:
+    r"""The ``lookup_rloo`` recipe's ``rllm.reward_fn``: 1.0 when the last ``\boxed{}`` holds the item's code.
+
+    ``task`` is a lookup task or the verl row the loop hands over (``scoring_task``); the reward's
+    metadata holds ``boxed`` (an answer was found, 0 or 1), which verl logs beside ``score``.
+    """
+    scores = score_lookup_row(scoring_task(task), final_answer)
+    return RewardOutput(reward=scores["score"], is_correct=scores["score"] == 1.0, metadata={"boxed": scores["boxed"]})
 
 
 def lookup_verl_rows(tasks: Iterable[LookupTask], split: str, *, agent_name: str = AGENT_NAME) -> list[dict[str, Any]]:

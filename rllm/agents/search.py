@@ -2,7 +2,7 @@
 
 The agent is a plain Strands agent with one tool, ``local_search`` (``rag.client``), bound to a
 retrieval server; ``search_workflow_args`` returns everything ``AgentWorkflowEngine`` needs to run it,
-``search_verl_rows`` the rows verl trains it on, ``score_search_answer`` verl's reward for it:
+``search_verl_rows`` the rows verl trains it on, ``search_row_reward`` the recipe's reward for it:
 
     engine = AgentWorkflowEngine(StrandsWorkflow, search_workflow_args("http://127.0.0.1:8000"), rollout_engine)
     episodes = await engine.execute_tasks(load_hotpotqa(limit=20))
@@ -19,8 +19,9 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from rllm.data.verl_rows import AGENT_NAME, verl_row
+from rllm.data.verl_rows import AGENT_NAME, scoring_task, verl_row
 from rllm.integrations.strands import Budget
+from rllm.rewards.base import RewardOutput
 from rllm.rewards.search_reward import RewardSearchFn, normalize_answer
 from rllm.tokens.renderer import content_text
 
@@ -114,10 +115,7 @@ def search_verl_rows(
 
 
 def score_search_answer(task: dict[str, Any], final_answer: str, *, partial_credit: bool = False) -> dict[str, float]:
-    """Verl's numbers for one final answer.
-
-    ``score`` (the reward), ``correct``, ``f1`` and ``boxed`` (an answer found).
-    """
+    """The numbers of one final answer: ``score`` (the reward), ``correct``, ``f1`` and ``boxed`` (an answer found)."""
     result = RewardSearchFn(partial_credit=partial_credit)(task, final_answer)
     return {
         "score": float(result.reward),
@@ -125,6 +123,17 @@ def score_search_answer(task: dict[str, Any], final_answer: str, *, partial_cred
         "f1": float(result.metadata.get("f1", 0.0)),
         "boxed": float(result.metadata.get("extracted") is not None),
     }
+
+
+def search_row_reward(task: dict[str, Any], final_answer: str) -> RewardOutput:
+    """The HotpotQA recipe's ``rllm.reward_fn``: exact match against the row's answers (F1 logged, not rewarded).
+
+    ``task`` is a HotpotQA task or the verl row the loop hands over (``scoring_task``); the reward's
+    metadata holds ``f1`` and ``boxed``, which verl logs beside ``score`` and ``correct``.
+    """
+    scores = score_search_answer(scoring_task(task), final_answer, partial_credit=False)
+    return RewardOutput(reward=scores["score"], is_correct=scores["correct"] == 1.0,
+                        metadata={"f1": scores["f1"], "boxed": scores["boxed"]})
 
 
 _TITLES = re.compile(r"^\[\d+\] (.+)$", re.MULTILINE)

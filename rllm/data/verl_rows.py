@@ -120,3 +120,22 @@ def row_task(row: dict[str, Any]) -> dict[str, Any] | None:
 def is_verl_rows(columns: Sequence[str]) -> bool:
     """Whether a file with these columns is verl rows already (else it holds a user's tasks)."""
     return all(column in columns for column in ROW_COLUMNS)
+
+
+def scoring_task(task: dict[str, Any]) -> dict[str, Any]:
+    """What a scorer reads from the task ``rllm.reward_fn`` gets: ``id`` and ``answer``.
+
+    A user's task (``task_rows``) has them itself; for a row a recipe wrote another way the loop hands
+    the reward function the row, whose answer is ``reward_model.ground_truth`` (a list of aliases
+    too) and whose id is ``extra_info.id``.
+    """
+    if "answer" in task:
+        return task
+    reward_model = task.get("reward_model") or {}
+    if "ground_truth" not in reward_model:
+        raise ConfigurationError(f"the task {sorted(task)} has neither an 'answer' nor a reward_model.ground_truth "
+                                 "to score against: write the rows with scripts/prepare_hotpotqa.py or task_rows")
+    answer = reward_model["ground_truth"]
+    if hasattr(answer, "tolist") and not isinstance(answer, str):  # a list of aliases read back from parquet
+        answer = answer.tolist()
+    return {"id": (task.get("extra_info") or {}).get("id"), "answer": answer}

@@ -17,6 +17,7 @@ import httpx
 import openai
 
 from rllm.tracing.session import SESSION_HEADER, current_session
+from rllm.transport import open_openai_client, open_openai_sync_client
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ async def _atag(request: httpx.Request) -> None:
 
 
 class _HookedClient(Protocol):
-    """An httpx client, or openai's default one (httpx2 in newer openai): request hooks to read and set."""
+    """An httpx client (``rllm.transport.open_openai_client``, or the caller's own): request hooks to read and set."""
 
     @property
     def event_hooks(self) -> dict[str, list[Callable[..., Any]]]: ...
@@ -63,13 +64,12 @@ def get_chat_client_async(base_url: str, api_key: str | None = None, *,
     Args:
         base_url: OpenAI-compatible base URL.
         api_key: The proxy's key (``ProxyProcess.api_key``).
-        http_client: Your own httpx client; the tagging hook is added to its request hooks.
+        http_client: Your own httpx client; the tagging hook is added to its request hooks. Default:
+            ``rllm.transport.open_openai_client`` (openai's own timeouts and pool).
         **kwargs: Passed to ``openai.AsyncOpenAI`` (``max_retries``, ``timeout``...).
     """
-    if http_client is None:
-        default = openai.DefaultAsyncHttpxClient()
-        _with_hook(default, _atag)
-        return openai.AsyncOpenAI(base_url=base_url, api_key=api_key or "EMPTY", http_client=default, **kwargs)
+    if http_client is None:  # openai's defaults, built where rllm builds its HTTP clients
+        http_client = open_openai_client()
     _with_hook(http_client, _atag)
     # Newer openai types http_client as its httpx2 client but takes an httpx one too (a "legacy" client).
     return openai.AsyncOpenAI(base_url=base_url, api_key=api_key or "EMPTY",
@@ -80,9 +80,7 @@ def get_chat_client(base_url: str, api_key: str | None = None, *,
                     http_client: httpx.Client | None = None, **kwargs: Any) -> openai.OpenAI:
     """The synchronous twin of ``get_chat_client_async``."""
     if http_client is None:
-        default = openai.DefaultHttpxClient()
-        _with_hook(default, _tag)
-        return openai.OpenAI(base_url=base_url, api_key=api_key or "EMPTY", http_client=default, **kwargs)
+        http_client = open_openai_sync_client()
     _with_hook(http_client, _tag)
     return openai.OpenAI(base_url=base_url, api_key=api_key or "EMPTY",
                          http_client=http_client, **kwargs)  # type: ignore[arg-type]

@@ -6,7 +6,8 @@ names and calls ``run(sampling_params, **row)``; the loop reads its settings fro
 keys). It builds the
 row's agent (from ``tool_factory``, or the user's ``agent_factory`` given the row's task) over
 ``RLLMModel(VerlEngine(server_manager))``, runs it as evaluation does (``rllm.integrations.strands.runner``), scores it
-with ``rllm.reward_fn`` when set, and returns one ``AgentLoopOutput`` per sample of the rollout, each from
+with ``rllm.reward_fn`` when set (the score handed to verl on the outputs' ``reward_score``,
+``reward.hand_to_verl``), and returns one ``AgentLoopOutput`` per sample of the rollout, each from
 its ``TokenTrace`` (``response_mask`` 1 exactly on sampled tokens). A typed infrastructure failure or a
 cancelled run returns no sample (verl drops the rollout from the update); any other error raises with its
 cause, and ``StrandsAgentLoopManager`` fails the step on it. Why, and how verl groups and scores the
@@ -36,7 +37,7 @@ from rllm.rewards.base import score_answer
 from rllm.tokens.renderer import content_text
 from rllm.tracing.policy_server import PolicyServer
 from rllm.training.verl._dotted import import_object
-from rllm.training.verl.reward import CORRECT_FIELD, REWARD_FIELD
+from rllm.training.verl.reward import hand_to_verl
 from rllm.training.verl.secrets import receive_secrets
 from rllm.training.verl.settings import (
     AGENT_LOOP_KEYS,
@@ -278,8 +279,7 @@ class StrandsAgentLoop(AgentLoopBase):
         if self.settings.reward_fn is not None and finished.end.scored:
             reward = await score_answer(import_object(self.settings.reward_fn), row_task_or_row(kwargs),
                                         finished.end.final_answer)
-            for output in outputs:
-                output.extra_fields.update({REWARD_FIELD: float(reward.reward), CORRECT_FIELD: bool(reward.is_correct)})
+            hand_to_verl(outputs, reward, tool_calls=int(finished.metrics["tool_calls"]))
         return outputs
 
     def _agent(self, model: RLLMModel, system: str | None, row: dict[str, Any]) -> BuiltRollout:

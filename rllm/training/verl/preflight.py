@@ -39,7 +39,7 @@ from rllm.training.verl.agent_loop import (
     row_task_or_row,
     split_prompt,
 )
-from rllm.training.verl.reward import RLLM_REWARD_PATH
+from rllm.training.verl.reward import LEGACY_REWARD_PATH, LEGACY_SCORER_KEY
 from rllm.training.verl.settings import BLOCK_KEY, REWARD_KEY, RllmSettings, read_settings
 from rllm.types import ModelOutput
 
@@ -47,7 +47,7 @@ logger = logging.getLogger(__name__)
 
 RLLM_KEYS = tuple(spec.name for spec in dataclasses.fields(RllmSettings))
 """The keys of the recipe's ``rllm`` block (``rllm.training.verl.settings``); any other is refused."""
-SCORER_KEY = "reward.custom_reward_function.reward_kwargs.scorer"
+REWARD_PATH_KEY = "reward.custom_reward_function.path"
 
 
 @dataclass
@@ -180,17 +180,30 @@ def preflight(config: Any) -> Preflight:
 
 
 def _check_reward_source(config: Any, settings: LoopSettings) -> None:
-    if OmegaConf.select(config, "reward.custom_reward_function.path", default=None) != RLLM_REWARD_PATH:
-        return  # another reward function entirely: the recipe's business
-    scorer = OmegaConf.select(config, SCORER_KEY, default=None)
-    if settings.reward_fn is not None and scorer:
-        raise ConfigurationError(f"{REWARD_KEY} and {SCORER_KEY} are both set; one reward scores the rollouts: "
-                                 f"set {SCORER_KEY}=null to use {REWARD_KEY}")
-    if settings.reward_fn is None and not scorer:
+    """One reward scores the rollouts: ``rllm.reward_fn`` (the loop hands verl its score), or a verl reward function.
+
+    verl calls no reward function for an output the loop scored, so a recipe naming both would
+    silently drop its own; a recipe naming neither would be scored by verl's default by data source.
+    """
+    scorer = OmegaConf.select(config, LEGACY_SCORER_KEY, default=None)
+    path = OmegaConf.select(config, REWARD_PATH_KEY, default=None)
+    move = (f"the loop scores with {REWARD_KEY} and hands verl the score: delete the reward.custom_reward_function "
+            f"block and name the scorer as {REWARD_KEY} (module:function scoring (task, final_answer), returning "
+            "a RewardOutput or a number, as StrandsWorkflow's reward_fn)")
+    if scorer:
+        both = f"{REWARD_KEY} and {LEGACY_SCORER_KEY} are both set; one reward scores the rollouts, and " \
+            if settings.reward_fn is not None else f"{LEGACY_SCORER_KEY}={scorer}: "
+        raise ConfigurationError(f"{both}rllm reads no scorer there any more: {move}")
+    if path == LEGACY_REWARD_PATH:
+        raise ConfigurationError(f"{REWARD_PATH_KEY}={path} is gone: {move}")
+    if settings.reward_fn is not None and path:
+        raise ConfigurationError(f"{REWARD_KEY} and {REWARD_PATH_KEY}={path} are both set; one reward scores the "
+                                 f"rollouts, and verl calls no reward function for a rollout the loop scored: set "
+                                 f"{REWARD_KEY}=null to score with {path}, or delete the reward.custom_reward_function "
+                                 "block")
+    if settings.reward_fn is None and not path:
         raise ConfigurationError(f"no reward: set {REWARD_KEY} (module:function scoring (task, final_answer), as "
                                  "StrandsWorkflow's reward_fn)")
-    if scorer:
-        _import(SCORER_KEY, str(scorer))
 
 
 def _retrieval_servers(tools: list[Any]) -> list[tuple[str, str | None]]:

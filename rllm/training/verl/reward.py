@@ -1,85 +1,51 @@
-"""The verl custom reward function for Strands agents: score the final answer only.
+"""The loop's score as verl takes it: ``AgentLoopOutput.reward_score`` and the numbers verl logs beside it.
 
-Configured as ``reward.custom_reward_function.path: pkg://rllm.training.verl.reward`` (name
-``compute_score``). With ``rllm.reward_fn`` (the workflow's ``reward_fn(task, final_answer)``) the
-agent loop has scored the rollout already and this returns that score; otherwise
-``reward_kwargs.scorer`` names the agent's scorer (the search recipe's is
-``rllm.agents.search:score_search_answer``). verl calls it once per rollout with the decoded
-response, which holds every turn, tool output included; the answer is read from
-``extra_info["final_answer"]``, the agent's last message as ``StrandsAgentLoop`` recorded it (verl
-merges the loop's ``extra_fields`` into ``extra_info``), never parsed out of that text.
+``StrandsAgentLoop`` scores a finished rollout with ``rllm.reward_fn`` (``function(task, final_answer)``,
+as ``StrandsWorkflow`` scores in evaluation) and hands the score to verl on its outputs: verl 0.9.1's
+agent-loop worker calls no reward function for an output whose ``reward_score`` is set, puts the score
+on the last response token (``rm_scores``) and copies the last output's score and
+``extra_fields["reward_extra_info"]`` onto the rollout's other samples; validation reads the same
+fields (``val-core/<data_source>/reward/mean@N``, ``val-aux/<data_source>/<name>/...``). No verl reward
+function is named in the recipes: ``reward.custom_reward_function`` stays verl's default (null). Works
+without verl installed.
 """
 
 from __future__ import annotations
 
-import logging
-import math
 import numbers
+from collections.abc import Iterable
 from typing import Any
 
-from rllm.errors import ConfigurationError
-from rllm.rewards.base import task_name
-from rllm.training.verl._dotted import import_object
+from rllm.rewards.base import RewardOutput
 
-REWARD_FIELD = "rllm_reward"
-"""The ``extra_fields`` entry where ``StrandsAgentLoop`` puts its score with ``rllm.reward_fn``."""
-CORRECT_FIELD = "rllm_is_correct"
-"""The ``extra_fields`` entry where it puts whether that score counts as correct."""
-RLLM_REWARD_PATH = "pkg://rllm.training.verl.reward"
-"""How a recipe names this reward function (``reward.custom_reward_function.path``)."""
-
-logger = logging.getLogger(__name__)
+REWARD_EXTRA_INFO = "reward_extra_info"
+"""The ``extra_fields`` entry verl reads a scored output's logged numbers from (its reward loop writes it too)."""
+LEGACY_REWARD_PATH = "pkg://rllm.training.verl.reward"
+"""How recipes used to name a verl reward function that read the loop's score back; refused at launch now."""
+LEGACY_SCORER_KEY = "reward.custom_reward_function.reward_kwargs.scorer"
+"""Where recipes used to name their scorer; ``rllm.reward_fn`` names it now, refused at launch."""
 
 
-def compute_score(
-    data_source: str,
-    solution_str: str,
-    ground_truth: Any,
-    extra_info: dict[str, Any] | None = None,
-    *,
-    scorer: str | None = None,
-    **scorer_kwargs: Any,
-) -> dict[str, float]:
-    """Score one rollout's final answer: the loop's score with ``rllm.reward_fn``, else the recipe's scorer.
+def reward_numbers(reward: RewardOutput, *, tool_calls: int) -> dict[str, float]:
+    """The numbers verl logs for one scored rollout: ``score``, ``correct``, ``tool_calls`` and the metadata's numbers.
 
-    Args:
-        data_source: The row's ``data_source`` (unused: the scorer knows its data).
-        solution_str: The decoded response, tool output included; ignored on purpose.
-        ground_truth: ``reward_model.ground_truth``: the answer, or a list of accepted aliases.
-        extra_info: The row's ``extra_info`` merged with the loop's ``extra_fields``.
-        scorer: ``module:function`` with ``function(task, final_answer, **scorer_kwargs)`` returning
-            ``score`` plus numbers verl logs per validation data source; ``None`` with ``rllm.reward_fn``.
-        **scorer_kwargs: The rest of ``reward_kwargs`` (e.g. ``partial_credit``).
-
-    Returns:
-        ``score`` and the scorer's other numbers (``correct`` with ``rllm.reward_fn``), plus ``tool_calls``.
+    A number (or bool) in ``reward.metadata`` is logged under its key (the search reward's ``f1``);
+    anything else there (an extracted answer, a reason) is not. verl averages each key over a
+    validation data source, so a reward function gives the same numeric keys for every answer.
     """
-    info = extra_info or {}
-    if "final_answer" not in info:
-        raise ConfigurationError(
-            f"reward.custom_reward_function.path={RLLM_REWARD_PATH} scores rollouts of "
-            "rllm.training.verl.agent_loop.StrandsAgentLoop, and this row's rollout has no 'final_answer' in its "
-            "extra_info: run the row with StrandsAgentLoop (the row's agent_name, or "
-            "actor_rollout_ref.rollout.agent.default_agent_loop=strands_agent), or name another reward function"
-        )
-    tool_calls = float(info.get("num_tool_calls") or 0)
-    if REWARD_FIELD in info:  # scored by the loop with the workflow's reward function
-        return {"score": float(info[REWARD_FIELD]), "correct": float(bool(info.get(CORRECT_FIELD))),
-                "tool_calls": tool_calls}
-    if scorer is None:
-        raise ConfigurationError("the rollout has no score: set rllm.reward_fn (module:function scoring "
-                                 "(task, final_answer)) or reward.custom_reward_function.reward_kwargs.scorer")
-    score = import_object(scorer)
-    task = {"id": info.get("id"), "answer": _plain(ground_truth)}
-    scored = score(task, info["final_answer"], **scorer_kwargs)
-    value = scored.get("score") if isinstance(scored, dict) else None
-    if not (isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)):
-        raise ConfigurationError(f"reward.custom_reward_function.reward_kwargs.scorer={scorer} returned "
-                                 f"{scored!r} for {task_name(task)}; it returns a dict with a finite 'score'")
-    return {**scored, "tool_calls": tool_calls}
+    logged = {key: float(value) for key, value in reward.metadata.items()
+              if isinstance(value, numbers.Real) and isinstance(key, str)}  # bools too
+    return {**logged, "score": float(reward.reward), "correct": float(bool(reward.is_correct)),
+            "tool_calls": float(tool_calls)}
 
 
-def _plain(value: Any) -> Any:
-    if hasattr(value, "tolist") and not isinstance(value, str):
-        return value.tolist()
-    return value
+def hand_to_verl(outputs: Iterable[Any], reward: RewardOutput, *, tool_calls: int) -> None:
+    """Set the rollout's score on each of its ``AgentLoopOutput``s, with the numbers verl logs beside it.
+
+    Every sample carries it (verl would copy the last one's onto the others anyway), so a rollout's
+    rows agree whichever of verl's workers stores them.
+    """
+    info = reward_numbers(reward, tool_calls=tool_calls)
+    for output in outputs:
+        output.reward_score = float(reward.reward)
+        output.extra_fields[REWARD_EXTRA_INFO] = dict(info)

@@ -336,7 +336,7 @@ class RllmSettings:
         max_infra_failure_share: Stop training when more than this share of a step's (or a validation
             batch's) rollouts were dropped as infrastructure failures (0.5; null: never).
         reward_fn: ``module:function`` scoring ``(task, final_answer)`` as ``StrandsWorkflow`` does
-            (null: the recipe's ``reward_kwargs.scorer`` scores instead).
+            (null: a verl reward function the recipe names in ``reward.custom_reward_function`` scores instead).
         agent_loop: ``rllm.agent_loop`` (``AgentLoopBlock``); null where the recipe has none (an agent
             loop refuses to run without it).
         rollout_records: ``rllm.rollout_records`` (``RolloutRecordSettings``; null: every step's rollouts kept).
@@ -344,7 +344,8 @@ class RllmSettings:
 
     guards: GuardSettings = field(default_factory=GuardSettings, metadata={_SECTION: GuardSettings})
     max_infra_failure_share: float | None = _key(0.5, _share("never stop"))
-    reward_fn: str | None = _key(None, _path("a function (task, final_answer) returning a reward", "the scorer"))
+    reward_fn: str | None = _key(None, _path("a function (task, final_answer) returning a reward",
+                                                 "the recipe's own verl reward function"))
     agent_loop: AgentLoopBlock | None = field(default=None, metadata={_SECTION: AgentLoopBlock})
     rollout_records: RolloutRecordSettings = field(default_factory=RolloutRecordSettings,
                                                    metadata={_SECTION: RolloutRecordSettings})
@@ -477,7 +478,8 @@ class LoopSettings:
         budget: ``block.budget`` resolved: the ``Budget`` it names or maps, with ``multi_turn.max_assistant_turns``.
         infra_exceptions: ``block.infra_exceptions`` resolved: the exception classes imported.
         tool_parser: How tool calls are parsed from sampled text: verl's ``multi_turn.format`` (``hermes``).
-        reward_fn: The recipe's ``rllm.reward_fn`` (``RllmSettings.reward_fn``), which the loop scores with.
+        reward_fn: The recipe's ``rllm.reward_fn`` (``RllmSettings.reward_fn``), which the loop scores with and
+            hands verl the score (``AgentLoopOutput.reward_score``); ``None``: the recipe's own verl reward function.
     """
 
     block: AgentLoopBlock

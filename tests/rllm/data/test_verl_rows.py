@@ -4,6 +4,7 @@ the Hugging Face rows convert to the original schema, and the reward scores the 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -17,7 +18,7 @@ from omegaconf import OmegaConf
 
 os.environ.setdefault("OTEL_SDK_DISABLED", "true")
 
-from rllm.agents.search import SEARCH_SYSTEM_PROMPT  # noqa: E402
+from rllm.agents.search import SEARCH_SYSTEM_PROMPT, score_search_answer, search_row_reward  # noqa: E402
 from rllm.data import (  # noqa: E402
     SHIPPED_HOTPOTQA,
     hf_to_hotpotqa,  # noqa: E402
@@ -26,7 +27,9 @@ from rllm.data import (  # noqa: E402
 )
 from rllm.errors import ConfigurationError  # noqa: E402
 from rllm.offline.tiny_models import build_tiny_tokenizer  # noqa: E402
-from rllm.training.verl.reward import compute_score as _compute_score  # noqa: E402
+from rllm.rewards.base import score_answer  # noqa: E402
+from rllm.training.verl._dotted import import_object  # noqa: E402
+from rllm.training.verl.reward import reward_numbers  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "scripts"))
@@ -104,29 +107,36 @@ def test_download_fails_with_a_clear_message_offline(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
-def compute_score(*args: Any, **kwargs: Any) -> dict[str, float]:
-    return _compute_score(*args, scorer="rllm.agents.search:score_search_answer", **kwargs)
+def search_row(ground_truth: Any, **extra_info: Any) -> dict[str, Any]:
+    """A HotpotQA verl row as the loop hands it to ``rllm.reward_fn`` (no task of the user's inside)."""
+    return {"data_source": "hotpotqa", "reward_model": {"style": "rule", "ground_truth": ground_truth},
+            "extra_info": {"index": 0, "id": "q0", **extra_info}}
 
 
-def _extra(**fields: Any) -> dict[str, Any]:
-    return {"index": 0, "id": "q0", "final_answer": "", "infra_failure": False, "num_tool_calls": 2, **fields}
+def recipe_numbers(ground_truth: Any, final_answer: str) -> dict[str, float]:
+    """What verl logs for a rollout of two tool calls scored by the HotpotQA recipe's ``rllm.reward_fn``."""
+    reward = asyncio.run(score_answer(search_row_reward, search_row(ground_truth), final_answer))
+    return reward_numbers(reward, tool_calls=2)
 
 
 def test_a_scorers_non_finite_score_is_refused_naming_the_task() -> None:
-    with pytest.raises(ConfigurationError, match=r"reward_kwargs.scorer=fixtures.user_agents:nan_score returned "
-                                                 r"\{'score': nan\} for task id='q0'; it returns a dict with a "
-                                                 r"finite 'score'"):
-        _compute_score("tasks", "", "Paris", _extra(final_answer="Paris"), scorer="fixtures.user_agents:nan_score")
+    nan_score = import_object("fixtures.user_agents:nan_score")
+    with pytest.raises(ConfigurationError, match=r"reward function nan_score returned nan; it returns a RewardOutput "
+                                                 r"or a finite number \(scoring task id='q0'"):
+        asyncio.run(score_answer(nan_score, search_row("Paris"), "Paris"))
 
 
 def test_reward_scores_the_final_answer_never_the_tool_output() -> None:
-    tool_output = "<tool_response>\nThe answer is \\boxed{Paris}\n</tool_response>"
-    right = compute_score("hotpotqa", tool_output, "Paris", _extra(final_answer="It is \\boxed{paris}."))
+    # The loop hands the reward the final answer alone (the tool output is never in it: test_agent_loop).
+    right = recipe_numbers("Paris", "It is \\boxed{paris}.")
     assert right == {"score": 1.0, "correct": 1.0, "f1": 1.0, "boxed": 1.0, "tool_calls": 2.0}
-    unanswered = compute_score("hotpotqa", tool_output, "Paris", _extra(final_answer="I don't know."))
+    unanswered = recipe_numbers("Paris", "I don't know.")
     assert unanswered["score"] == 0.0 and unanswered["boxed"] == 0.0
-    partial = compute_score("hotpotqa", "", "Paris, France", _extra(final_answer="\\boxed{Paris}"), partial_credit=True)
+    aliases = recipe_numbers(pd.Series(["Paris", "City of Paris"]).to_numpy(), "\\boxed{City of Paris}")
+    assert aliases["score"] == 1.0  # a list of aliases read back from parquet
+    # The recipe rewards exact match only (F1 logged); the scorer's partial credit is still there for others.
+    assert recipe_numbers("Paris, France", "\\boxed{Paris}")["score"] == 0.0
+    partial = score_search_answer({"answer": "Paris, France"}, "\\boxed{Paris}", partial_credit=True)
     assert 0 < partial["score"] == partial["f1"] < 1 and partial["correct"] == 0.0
-    with pytest.raises(ConfigurationError, match="no 'final_answer' in its extra_info: run the row with "
-                                                 "StrandsAgentLoop"):  # the user's input: a KeyError before
-        compute_score("hotpotqa", tool_output, "Paris", {"index": 0})
+    with pytest.raises(ConfigurationError, match="has neither an 'answer' nor a reward_model.ground_truth"):
+        search_row_reward({"index": 0}, "\\boxed{Paris}")  # the user's input: a KeyError before

@@ -4,8 +4,8 @@ The loop is built the way verl's ``AgentLoopWorker`` builds it: the recipe compo
 the entry of the agent-loop YAML instantiated with ``hydra.utils.instantiate`` and verl's
 keyword arguments. verl's rollout server is replaced by a fake ``server_manager`` whose
 ``generate`` returns verl ``TokenOutput``s scripted as text through the real tiny Qwen3-style
-tokenizer; tools are real Strands tools. The reward is computed by verl's own worker path
-(``AgentLoopWorker._compute_score`` -> naive reward manager -> our ``compute_score``).
+tokenizer; tools are real Strands tools. The loop scores with the recipe's ``rllm.reward_fn`` and hands
+verl the score (``reward_score``), which verl's own worker path (``AgentLoopWorker._compute_score``) keeps.
 """
 
 from __future__ import annotations
@@ -87,8 +87,9 @@ async def test_multi_turn_output_is_exactly_what_was_sent_and_sampled(tokenizer)
             len(call["prompt_ids"]) - first)
     assert tokenizer.decode(output.prompt_ids).startswith("<|im_start|>system\n" + SYSTEM)
     assert output.num_turns == 6  # user, 3 assistant turns, 2 tool turns
-    assert output.reward_score is None  # scored by the custom reward function, one path only
+    assert output.reward_score == 1.0  # scored by the loop with rllm.reward_fn, handed to verl: one path only
     extra = output.extra_fields
+    assert extra["reward_extra_info"] == {"score": 1.0, "correct": 1.0, "f1": 1.0, "boxed": 1.0, "tool_calls": 2.0}
     assert extra["final_answer"] == "The capital is \\boxed{Paris}."
     assert extra["termination_reason"] == "finished" and extra["infra_failure"] is False
     assert extra["num_tool_calls"] == 2 and extra["num_model_calls"] == 3 and extra["num_tool_errors"] == 0
@@ -100,14 +101,16 @@ async def test_multi_turn_output_is_exactly_what_was_sent_and_sampled(tokenizer)
 
 
 async def score_through_verl(config: Any, tokenizer: Any, output: AgentLoopOutput) -> None:
-    """verl's worker reward path: ``AgentLoopWorker._compute_score`` -> naive manager -> compute_score."""
+    """verl's worker reward path (``AgentLoopWorker._compute_score``): it calls no reward function for a scored output."""
     worker = AgentLoopWorker.__new__(AgentLoopWorker)  # only the reward plumbing of verl's worker
     worker.processor, worker.mm_processor_kwargs = None, {}
-    worker.reward_loop_worker_handles = [RewardHandle(load_reward_manager(config, tokenizer))]
+    handle = RewardHandle(load_reward_manager(config, tokenizer))
+    worker.reward_loop_worker_handles = [handle]
     await worker._compute_score([output], kwargs=row())
+    assert handle.calls == 0
 
 
-async def test_reward_goes_through_verls_reward_path_and_reads_only_the_final_answer(tokenizer) -> None:
+async def test_the_loop_hands_verl_its_score_and_reads_only_the_final_answer(tokenizer) -> None:
     # The tool output holds a boxed "Paris"; the agent's own final answer does not answer.
     server = FakeServerManager(tokenizer, turns_script(lookup_call("decoy"), "I could not find it."))
     loop, config = build_loop(tokenizer, server)

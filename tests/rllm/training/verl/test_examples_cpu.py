@@ -71,7 +71,7 @@ OVERRIDES = [
     "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.logger=[console,file]",
     "rllm.agent_loop.tool_factory=null",
     "rllm.guards.max_logprob_gap=null",  # the scripted policy's log-probs are not the model's
-    "reward.custom_reward_function.reward_kwargs.scorer=fixtures.verl_faults:varied_score",
+    "rllm.reward_fn=fixtures.verl_faults:varied_score",
     "++ray_kwargs.ray_init.include_dashboard=false",
 ]
 

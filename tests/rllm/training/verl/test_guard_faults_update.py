@@ -32,7 +32,7 @@ def test_a_nan_loss_stops_verls_trainer_before_the_weights_are_synced(fault_run_
 @pytest.mark.timeout(900)
 def test_a_constant_reward_stops_verls_trainer_after_three_steps(fault_run_model: Path, tmp_path: Path) -> None:
     run = train(fault_run_model, tmp_path,
-                "reward.custom_reward_function.reward_kwargs.scorer=fixtures.verl_faults:constant_score")
+                "rllm.reward_fn=fixtures.verl_faults:constant_score")
     assert run.returncode != 0, run.output[-3000:]
     assert "step 3: the reward was the same for every rollout of every group for 3 step(s) in a row" in run.output
     assert [m["step"] for m in run.metrics] == [1, 2, 3]

@@ -75,6 +75,13 @@ def test_the_users_factory_and_reward_get_their_own_task_dict_from_a_task_file(t
     (["+rllm.reward_kwargs=1"], "unknown keys ['rllm.reward_kwargs']"),
     (["+reward.custom_reward_function.reward_kwargs.scorer=fixtures.verl_faults:varied_score"],
      "rllm.reward_fn and reward.custom_reward_function.reward_kwargs.scorer are both set"),
+    (["rllm.reward_fn=null", "+reward.custom_reward_function.reward_kwargs.scorer=fixtures.verl_faults:varied_score"],
+     "reward.custom_reward_function.reward_kwargs.scorer=fixtures.verl_faults:varied_score: rllm reads no scorer "
+     "there any more: the loop scores with rllm.reward_fn and hands verl the score"),
+    (["reward.custom_reward_function.path=pkg://rllm.training.verl.reward"],
+     "reward.custom_reward_function.path=pkg://rllm.training.verl.reward is gone"),
+    (["reward.custom_reward_function.path=my_reward.py"],
+     "rllm.reward_fn and reward.custom_reward_function.path=my_reward.py are both set"),
     (["rllm.agent_loop.budget={max_turns: 3}"], "unknown keys ['max_turns']"),
 ])
 def test_a_mistake_in_the_users_code_is_refused_naming_it(tmp_path: Path, overrides: list[str], message: str) -> None:

@@ -7,6 +7,7 @@ run through verl's trainer on a tiny configuration is the quickstart's test
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import math
 import os
@@ -111,11 +112,11 @@ def test_every_lookup_recipe_key_is_a_verl_key_or_one_the_loop_reads() -> None:
         "actor_rollout_ref.model.override_config.attn_implementation",  # verl's HFModelConfig reads it
         *(f"actor_rollout_ref.actor.fsdp_config.mixed_precision.{k}" for k in ("param_dtype", "reduce_dtype",
                                                                                "buffer_dtype")),
-        "reward.custom_reward_function.reward_kwargs.scorer",  # rllm.training.verl.reward.compute_score
         "data.apply_chat_template_kwargs.enable_thinking",  # the chat template (RLHFDataset, StrandsAgentLoop)
         "actor_rollout_ref.rollout.agent.agent_loop_manager_class",  # verl's TaskRunnerV1 (RolloutConfig)
         *(f"rllm.guards.{f.name}" for f in dataclasses.fields(GuardSettings)),  # the recipe names every guard
         "rllm.max_infra_failure_share",
+        "rllm.reward_fn",  # StrandsAgentLoop scores with it and hands verl the score
         *(f"rllm.agent_loop.{k}" for k in ("tool_factory", "agent_factory", "tool_kwargs.world_size",
                                            "tool_kwargs.seed", "system_prompt", "budget", "timeout_s",
                                            "infra_exceptions", "max_tokens_per_turn", "own_client")),
@@ -124,8 +125,10 @@ def test_every_lookup_recipe_key_is_a_verl_key_or_one_the_loop_reads() -> None:
 
 def test_the_recipes_tools_budget_and_scorer_answer_the_rows(tmp_path) -> None:
     """What each rollout worker builds from the recipe's dotted paths fits the rows the proof writes."""
-    from rllm.training.verl.agent_loop import build_tools, loop_settings, split_prompt
-    from rllm.training.verl.reward import compute_score
+    from rllm.rewards.base import score_answer
+    from rllm.training.verl._dotted import import_object
+    from rllm.training.verl.agent_loop import build_tools, loop_settings, row_task_or_row, split_prompt
+    from rllm.training.verl.reward import reward_numbers
 
     config = ProofConfig.for_device("cpu", world_size=200, seed=3)
     world = LookupWorld(config.world_size, seed=config.seed)
@@ -143,14 +146,16 @@ def test_the_recipes_tools_budget_and_scorer_answer_the_rows(tmp_path) -> None:
     item = lookup(key=f"box {box}")  # the worker's world is the rows' world, rebuilt from the seed
     assert item.startswith("item ") and lookup(key=item) == f"code {row['reward_model']['ground_truth']}"
 
-    kwargs = dict(composed.reward.custom_reward_function.reward_kwargs)
-    info = {**dict(row["extra_info"]), "num_tool_calls": 2}
-    right = compute_score(row["data_source"], "", row["reward_model"]["ground_truth"],
-                          {**info, "final_answer": f"\\boxed{{{row['reward_model']['ground_truth']}}}"}, **kwargs)
-    wrong = compute_score(row["data_source"], "", row["reward_model"]["ground_truth"],
-                          {**info, "final_answer": item}, **kwargs)
-    assert right == {"score": 1.0, "boxed": 1.0, "tool_calls": 2.0}
-    assert wrong == {"score": 0.0, "boxed": 0.0, "tool_calls": 2.0}
+    reward_fn = import_object(settings.reward_fn)  # scoring the row as the loop hands it over, two tool calls made
+    task = row_task_or_row({**row.to_dict(), "raw_prompt": row["prompt"]})
+
+    def numbers(final_answer: str) -> dict[str, float]:
+        return reward_numbers(asyncio.run(score_answer(reward_fn, task, final_answer)), tool_calls=2)
+
+    right = numbers(f"\\boxed{{{row['reward_model']['ground_truth']}}}")
+    wrong = numbers(item)
+    assert right == {"score": 1.0, "boxed": 1.0, "correct": 1.0, "tool_calls": 2.0}
+    assert wrong == {"score": 0.0, "boxed": 0.0, "correct": 0.0, "tool_calls": 2.0}
 
 
 @pytest.mark.parametrize(("before", "after", "gap", "expected"), [

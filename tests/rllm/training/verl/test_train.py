@@ -43,8 +43,6 @@ ADDED_KEYS = {
     "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype": "FSDP engine _build_fsdp_module",
     "actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype": "FSDP engine _build_fsdp_module",
     "actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype": "FSDP engine _build_fsdp_module",
-    "reward.custom_reward_function.reward_kwargs.scorer": "rllm.training.verl.reward.compute_score",
-    "reward.custom_reward_function.reward_kwargs.partial_credit": "rllm.agents.search.score_search_answer",
     "rllm.guards.max_logprob_gap": "rllm.training.verl.settings.GuardSettings (GuardedTaskRunner)",
     "rllm.guards.logprob_audit_rollouts": "rllm.training.verl.trainer.runner audit_logprob_pairs (bypass mode)",
     "rllm.guards.min_rollouts_per_group": "rllm.training.verl.settings.GuardSettings, check_launch",
@@ -132,8 +130,10 @@ def test_recipe_composes_and_passes_verls_validation() -> None:
     assert Path(rollout.agent.agent_loop_config_path).is_absolute()
     assert [entry.name for entry in loops] == ["strands_agent"]
     assert loops[0]._target_ == "rllm.training.verl.agent_loop.StrandsAgentLoop"
-    # One reward path: the custom function; no critic, no reference model (no KL).
-    assert config.reward.custom_reward_function.path == "pkg://rllm.training.verl.reward"
+    # One reward path: the loop scores with rllm.reward_fn and hands verl the score (verl's reward function
+    # unnamed); no critic, no reference model (no KL).
+    assert config.reward.custom_reward_function.path is None
+    assert config.rllm.reward_fn == "rllm.agents.search:search_row_reward"
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
 
     assert not need_critic(config) and not need_reference_policy(config)
