@@ -111,6 +111,12 @@ def prepare_config(config: DictConfig) -> DictConfig:
                 config.data[key] = _rows_files([_absolute(files, cwd)], run_dir, key, to_prompt)[0]
             else:
                 config.data[key] = _rows_files([_absolute(f, cwd) for f in files], run_dir, key, to_prompt)
+        if settings.reward_fn is not None and OmegaConf.select(config, "reward.num_workers", default=0):
+            # The loop hands verl every kept rollout's score (reward.hand_to_verl), so verl never calls its reward
+            # workers: each would be one more process importing verl and torch, for nothing.
+            logger.info("rllm.reward_fn scores in the agent loop: verl's reward workers are not started "
+                        "(reward.num_workers=0)")
+            config.reward.num_workers = 0
     return config
 
 
@@ -403,7 +409,7 @@ def _run(config: DictConfig, dry_run: bool, print_only: bool = False) -> None:
     from verl.utils.device import auto_set_device
 
     from rllm.training.verl.preflight import check_retrieval, clear_earlier_run
-    from rllm.training.verl.secrets import share_secrets
+    from rllm.training.verl.secrets import SECRET_ENV_VARS, share_secrets
     from rllm.training.verl.trainer.runner import GuardedTaskRunner
 
     # What verl's own main does (device selection, validation), then its run_ppo with the guarded task runner.
@@ -418,8 +424,8 @@ def _run(config: DictConfig, dry_run: bool, print_only: bool = False) -> None:
     run_dir = Path(config.trainer.default_local_dir)
     os.environ.setdefault("VERL_FILE_LOGGER_PATH", str(run_dir / "metrics.jsonl"))
     os.environ.setdefault("TENSORBOARD_DIR", str(run_dir / "tensorboard"))
-    if not ray.is_initialized():
-        start_ray(config)
+    if any(os.environ.get(name) for name in SECRET_ENV_VARS) and not ray.is_initialized():
+        start_ray(config)  # the secret store is an actor: Ray first (without secrets, run_ppo starts it)
     secrets = share_secrets()  # the retrieval token, for the rollout workers; held until the run ends
     started = time.time()
     try:

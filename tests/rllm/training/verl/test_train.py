@@ -134,6 +134,7 @@ def test_recipe_composes_and_passes_verls_validation() -> None:
     # unnamed); no critic, no reference model (no KL).
     assert config.reward.custom_reward_function.path is None
     assert config.rllm.reward_fn == "rllm.agents.search:search_row_reward"
+    assert compose().reward.num_workers > 0 and config.reward.num_workers == 0  # verl's reward workers: never called
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
 
     assert not need_critic(config) and not need_reference_policy(config)
