@@ -317,23 +317,27 @@ class TrainingGuards:
                 step=step)
 
     def check_rollouts(self, step: int, metrics: dict[str, Any], rollouts: StepRollouts | None = None) -> list[str]:
-        """Raise on a violated rollout guard (before the update); return the warnings (already logged)."""
-        s, warnings = self.settings, []
+        """Raise on violated rollout guards (before the update), naming every one that holds; return the warnings.
+
+        Wrong or too small groups stop at once (nothing else is read of such a batch). The other guards are all
+        checked, so one stop names every reason the step gave (``also step N: ...``); the warnings are logged.
+        """
+        s, warnings, stops = self.settings, [], []
         if rollouts is not None:
             self.check_groups(step, rollouts)
-        if (gap := self._over(step, metrics, "logprob_gap_mean", "max_logprob_gap")) is not None:
-            raise TrainingGuardError(
-                f"step {step}: the rollout sampled with log-probs {gap:.3g} away from the actor's on average "
-                f"(max {metrics.get(f'{PREFIX}logprob_gap_max', float('nan')):.3g}; rllm.guards.max_logprob_gap="
-                f"{s.max_logprob_gap}): the served weights are not the ones being trained", step=step)
         smallest = metrics.get(f"{PREFIX}min_group_size")
         if smallest is not None:
             self._check_group_size(step, smallest)
+        if (gap := self._over(step, metrics, "logprob_gap_mean", "max_logprob_gap")) is not None:
+            stops.append(
+                f"step {step}: the rollout sampled with log-probs {gap:.3g} away from the actor's on average "
+                f"(max {metrics.get(f'{PREFIX}logprob_gap_max', float('nan')):.3g}; rllm.guards.max_logprob_gap="
+                f"{s.max_logprob_gap}): the served weights are not the ones being trained")
         if (truncated := self._over(step, metrics, "truncated_share", "max_truncated_share")) is not None:
-            raise TrainingGuardError(
+            stops.append(
                 f"step {step}: {truncated:.0%} of the responses were cut at response_length "
                 f"(rllm.guards.max_truncated_share={s.max_truncated_share}); raise data.max_response_length "
-                "or lower the agent's budget", step=step)
+                "or lower the agent's budget")
         signal = metrics.get(f"{PREFIX}groups_with_signal_share")
         if signal is not None:
             self.steps_checked += 1
@@ -346,11 +350,11 @@ class TrainingGuards:
                                 "zero and this step trains nothing (no learning signal); check the reward function "
                                 "on this policy's answers")
             if s.max_steps_without_signal is not None and self.steps_without_signal >= s.max_steps_without_signal:
-                raise TrainingGuardError(
+                stops.append(
                     f"step {step}: the reward was the same for every rollout of every group for "
                     f"{self.steps_without_signal} step(s) in a row: no learning signal "
                     f"(rllm.guards.max_steps_without_signal={s.max_steps_without_signal}); "
-                    f"{_evidence(self._without_signal, 'groups had rewards that varied')}", step=step)
+                    f"{_evidence(self._without_signal, 'groups had rewards that varied')}")
         calls = metrics.get(f"{PREFIX}tool_calls_per_episode")
         if calls is not None:
             if calls > 0:
@@ -358,18 +362,20 @@ class TrainingGuards:
             elif self.tools_were_used and s.warn_on_tool_collapse:
                 warnings.append(f"step {step}: tool calls per episode fell to zero (they were above zero before)")
         if (overflow := self._over(step, metrics, "context_overflow_share", "max_context_overflow_share")) is not None:
-            raise TrainingGuardError(
+            stops.append(
                 f"step {step}: {overflow:.0%} of the rollouts ended context_overflow, their history longer than "
                 f"rollout.prompt_length even after the conversation manager trimmed it "
                 f"(rllm.guards.max_context_overflow_share={s.max_context_overflow_share}); raise "
-                "data.max_prompt_length or have the conversation manager keep less", step=step)
-        warnings += self._check_tool_use(step, metrics)
+                "data.max_prompt_length or have the conversation manager keep less")
+        warnings += self._check_tool_use(step, metrics, stops)
         for warning in warnings:
             logger.warning("training guard: %s", warning)
+        if stops:
+            raise TrainingGuardError("".join([stops[0], *(f"\nalso {stop}" for stop in stops[1:])]), step=step)
         return warnings
 
-    def _check_tool_use(self, step: int, metrics: dict[str, Any]) -> list[str]:
-        """Raise when agents with tools never call one, or calls are malformed step after step; warn at the first."""
+    def _check_tool_use(self, step: int, metrics: dict[str, Any], stops: list[str]) -> list[str]:
+        """Add a stop when agents with tools never call one, or calls are malformed step after step; warn first."""
         s, warnings = self.settings, []
         calls = metrics.get(f"{PREFIX}tool_agent_calls_per_episode")
         limit = s.max_steps_without_tool_calls
@@ -381,15 +387,15 @@ class TrainingGuards:
             cause = ("the tool parser (actor_rollout_ref.rollout.multi_turn.format) does not match how the model "
                      "writes calls under its chat template, or the template does not show the model its tools")
             if self.steps_without_tool_calls >= limit:
-                raise TrainingGuardError(
+                stops.append(
                     f"step {step}: agents with tools called none in {self.steps_without_tool_calls} step(s) in a row "
                     f"(rllm.guards.max_steps_without_tool_calls={limit}): likely {cause}; the reward it gets is "
                     f"not from using its tools; {_evidence(self._without_tool_calls, 'rollouts of agents with tools')}"
-                    " made no tool call", step=step)
+                    " made no tool call")
             if calls == 0 and self.tool_steps_checked == 1:
                 warnings.append(f"step {step}: TOOLS NEVER CALLED: agents with tools made no tool call in any "
                                 f"episode; likely {cause}")
-        warnings += self._check_malformed(step, metrics)
+        warnings += self._check_malformed(step, metrics, stops)
         every = metrics.get(f"{PREFIX}split_every_call_share")
         if every is not None and every > 0.5 and not self.warned_split_every_call:
             self.warned_split_every_call = True
@@ -398,8 +404,8 @@ class TrainingGuards:
                             "every turn, or a client that re-renders messages differently each time")
         return warnings
 
-    def _check_malformed(self, step: int, metrics: dict[str, Any]) -> list[str]:
-        """Raise when at least the share of the calls were malformed in enough steps in a row; warn at the first.
+    def _check_malformed(self, step: int, metrics: dict[str, Any], stops: list[str]) -> list[str]:
+        """Add a stop when at least the share of the calls were malformed in enough steps in a row; warn at the first.
 
         A step counts only with ``min_tool_calls_for_malformed_stop`` calls or more: the share of a handful
         says little (a random policy that samples the tool-call token by chance writes a few malformed calls).
@@ -420,10 +426,11 @@ class TrainingGuards:
                     f"max_steps_with_malformed_tool_calls={s.max_steps_with_malformed_tool_calls}, "
                     f"min_tool_calls_for_malformed_stop={s.min_tool_calls_for_malformed_stop}")
         if self.steps_with_malformed_tool_calls >= s.max_steps_with_malformed_tool_calls:
-            raise TrainingGuardError(
+            stops.append(
                 f"step {step}: {share:.0%} of the tool calls were malformed, the share over the limit in "
                 f"{self.steps_with_malformed_tool_calls} step(s) in a row ({settings}): {cause}; "
-                f"{_evidence(self._malformed, 'tool calls malformed')}", step=step)
+                f"{_evidence(self._malformed, 'tool calls malformed')}")
+            return []
         if self.warned_malformed:
             return []
         self.warned_malformed = True

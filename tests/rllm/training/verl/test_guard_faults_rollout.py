@@ -2,7 +2,8 @@
 
 Weights that stop arriving at the rollout server, a LoRA adapter that stops arriving, a generation the server cuts (its group left with
 one rollout), responses cut at the response length, a tool agent that never calls its tools, a policy whose
-every tool call the parser cannot read (stopped only on three steps' evidence). Every run
+every tool call the parser cannot read together with a reward that never varies (two stops that need three
+steps' evidence, named together by one stop). Every run
 is ``python -m rllm.training.verl.train --cpu`` on the lookup recipe (``fixtures.verl_fault_runs``); the
 faults come from outside the code under test (``fixtures.verl_faults``, imported by verl into every
 process, or the recipe, as for the tool agent: the random policy never writes a call). Each run must exit
@@ -96,16 +97,20 @@ def test_a_tool_agent_that_never_calls_its_tools_stops_verls_trainer_naming_the_
 
 
 @pytest.mark.timeout(900)
-def test_malformed_tool_calls_stop_verls_trainer_only_after_three_steps_of_evidence(fault_run_model: Path,
-                                                                                  tmp_path: Path) -> None:
-    # Every call the policy writes is one the Hermes parser cannot read (arguments that are not JSON). At the
-    # recipe's defaults the first such step only warns (a random model's smoke run writes a few by chance); the
-    # stop comes at the third step in a row, naming the steps and the counts it saw.
+def test_malformed_tool_calls_and_a_constant_reward_stop_verls_trainer_only_after_three_steps_of_evidence(
+        fault_run_model: Path, tmp_path: Path) -> None:
+    # Two faults, two guards that each wait for three steps in a row, in one run: every call the policy writes is
+    # one the Hermes parser cannot read (arguments that are not JSON), and the scorer gives every rollout the same
+    # reward. At the recipe's defaults the first such step only warns (a random model's smoke run writes a few
+    # malformed calls by chance); the stop comes at the third step, naming both reasons with the steps and counts.
     run = train(fault_run_model, tmp_path, "rllm.guards.max_malformed_tool_call_share=1.0",
-                "rllm.guards.max_logprob_gap=null", fault="malformed_calls", response_length=512)
+                "rllm.guards.max_logprob_gap=null", "rllm.reward_fn=fixtures.verl_faults:constant_score",
+                fault="malformed_calls", response_length=512)
     assert run.returncode != 0, run.output[-3000:]
     assert re.search(r"step 1: MALFORMED TOOL CALLS: \d+ of \d+ tool calls malformed", run.output), run.output[-3000:]
     assert "step 3: 100% of the tool calls were malformed, the share over the limit in 3 step(s) in a row" \
         in run.output, run.output[-3000:]
     assert re.search(r"steps 1-3: (\d+) of \1, (\d+) of \2, (\d+) of \3 tool calls malformed", run.output)
+    assert "step 3: the reward was the same for every rollout of every group for 3 step(s) in a row" in run.output
     assert [m["step"] for m in run.metrics] == [1, 2, 3]  # steps 1 and 2 trained: one step is not evidence
+    assert all(m["data"]["rllm/guard/groups_with_signal_share"] == 0 for m in run.metrics)

@@ -328,3 +328,20 @@ def test_the_malformed_stops_evidence_keys_are_read_from_the_recipe() -> None:
     with pytest.raises(ConfigurationError, match=r"rllm.guards.max_steps_with_malformed_tool_calls=0: expected a "
                                                  r"whole number of at least 1"):
         GuardSettings.from_mapping({"max_steps_with_malformed_tool_calls": 0})
+
+
+def test_every_stop_that_holds_at_a_step_is_named_in_the_one_stop(caplog: pytest.LogCaptureFixture) -> None:
+    # A step whose responses were all cut and whose rewards never varied: one stop names both, the first as
+    # the message begins, the other after "also", and the step's warnings are logged before it.
+    guards = _only(max_truncated_share=0.5, max_steps_without_signal=1)
+    with pytest.raises(TrainingGuardError) as stopped:
+        guards.check_rollouts(1, _step([0.0, 0.0, 0.0, 0.0], truncated=[True, True, True, True]))
+    first, also = str(stopped.value).split("\n")
+    assert first.startswith("step 1: 100% of the responses were cut at response_length")
+    assert also.startswith("also step 1: the reward was the same for every rollout of every group for 1 step(s)")
+    assert stopped.value.step == 1
+    assert "every group's rollouts got the same reward" in caplog.text  # the first step's warning, logged
+    # One reason alone reads as before: the message is that reason.
+    with pytest.raises(TrainingGuardError, match=r"^step 1: 75% of the responses were cut[^\n]*$"):
+        _only(max_truncated_share=0.5).check_rollouts(
+            1, _step([1.0, 0.0, 1.0, 0.0], truncated=[True, True, True, False]))
