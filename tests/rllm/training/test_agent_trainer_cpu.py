@@ -126,6 +126,9 @@ def test_agent_trainer_trains_the_users_agent_two_steps_with_a_gradient(page_run
     # Validation before the first step (step 0) and with the last; training metrics on steps 1 and 2.
     assert [m["step"] for m in lines] == [0, 1, 2]
     assert [m["step"] for m in lines if "val-core/tasks/reward/mean@1" in m["data"]] == [0, 2]
+    # The loop hands verl the score and the numbers beside it; verl logs them for validation and training alike.
+    assert {"val-aux/tasks/correct/mean@1", "val-aux/tasks/tool_calls/mean@1"} <= lines[0]["data"].keys()
+    assert all("critic/score/mean" in m["data"] for m in lines if m["step"] > 0)
     metrics = [m for m in lines if m["step"] > 0]
     assert [m["step"] for m in metrics] == [1, 2]
     printed = [line.split() for line in runs[2].stdout.strip().splitlines()[-2:]]

@@ -87,7 +87,8 @@ async def _loop_first_prompts(qwen_dir: Path, agent: str, rows: list[dict[str, A
     policy = PolicyServer()  # what a worker serves an agent on its own client
     server = FakeServerManager(tokenizer, lambda prompt: "Paris")
     loop, _ = build_loop(tokenizer, server, "data.max_prompt_length=4096", "data.max_response_length=256",
-                         "actor_rollout_ref.rollout.max_model_len=8192", stand_in_tool=False,
+                         "actor_rollout_ref.rollout.max_model_len=8192",
+                         "rllm.reward_fn=fixtures.user_agents:capital_reward", stand_in_tool=False,
                          **{"tool_factory": None, "tool_kwargs": {}, "system_prompt": None, **settings})
     lengths = []
     for index, row in enumerate(rows):
