@@ -543,7 +543,8 @@ def flag_overlays(args: list[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     """Entry point: strip ``--dry-run`` and let Hydra parse the rest of the command line."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if "--help" in args or "-h" in args:
+    asks_help = "--help" in args or "-h" in args
+    if asks_help:
         print(USAGE)  # then Hydra's help, which exits
     print_only = PRINT_FLAG in args
     dry_run = DRY_RUN_FLAG in args or print_only
@@ -560,7 +561,7 @@ def main(argv: list[str] | None = None) -> None:
         os.environ.update(cpu_environment())
     overrides = [*overlay_override(flag_overlays(args)), *overrides]
     args = [*options, *overrides]  # Hydra's options first: argparse takes no option between the overrides
-    if print_only or "--help" in args or "-h" in args:  # the YAML only: verl is not imported for it
+    if print_only or asks_help:  # the YAML only: verl is not imported for it
         args += _verl_config_by_file(options, overrides)
     if dry_run:  # print only: no Hydra output directory or log file; logging left as the caller set it up
         # (Hydra's "disabled" would disable every logger already made, in this process: a dry run's own lines,
