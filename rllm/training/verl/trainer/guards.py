@@ -306,29 +306,48 @@ class TrainingGuards:
             raise TrainingGuardError(f"step {step}: the RLOO groups are wrong: {'; '.join(problems)}; the "
                                      "advantages would compare rollouts of different prompts", step=step)
         smallest = min(Counter(rollouts.groups).values(), default=None)
-        if smallest is not None:
-            self._check_group_size(step, smallest)
+        if (stop := self._group_size_stop(step, smallest)) is not None:
+            raise TrainingGuardError(stop, step=step)
 
-    def _check_group_size(self, step: int, smallest: float) -> None:
-        if self.settings.min_rollouts_per_group is not None and smallest < self.settings.min_rollouts_per_group:
-            raise TrainingGuardError(
-                f"step {step}: a group has {int(smallest)} rollout(s); RLOO needs at least "
-                f"{self.settings.min_rollouts_per_group} per prompt for its baseline (actor_rollout_ref.rollout.n)",
-                step=step)
+    def with_other_stops(self, error: TrainingGuardError, metrics: dict[str, Any]) -> TrainingGuardError:
+        """``error`` (a step's groups, found before its log-probs) naming every other rollout stop of the step too.
+
+        A stop on the groups comes before the actor reads the batch, so the log-prob guard is not checked; the
+        others (cut responses, tool use, reward signal, ...) are, so the user learns every reason at once.
+        """
+        step = error.step if error.step is not None else 0
+        stops, _ = self._rollout_stops(step, metrics, logprobs=False)
+        others = [stop for stop in stops if stop != str(error)]
+        return TrainingGuardError("".join([str(error), *(f"\nalso {stop}" for stop in others)]), step=error.step)
+
+    def _group_size_stop(self, step: int, smallest: float | None) -> str | None:
+        minimum = self.settings.min_rollouts_per_group
+        if smallest is None or minimum is None or smallest >= minimum:
+            return None
+        return (f"step {step}: a group has {int(smallest)} rollout(s); RLOO needs at least {minimum} per prompt for "
+                "its baseline (actor_rollout_ref.rollout.n)")
 
     def check_rollouts(self, step: int, metrics: dict[str, Any], rollouts: StepRollouts | None = None) -> list[str]:
         """Raise on violated rollout guards (before the update), naming every one that holds; return the warnings.
 
-        Wrong or too small groups stop at once (nothing else is read of such a batch). The other guards are all
-        checked, so one stop names every reason the step gave (``also step N: ...``); the warnings are logged.
+        Wrong groups stop at once (nothing else is read of such a batch). The other guards are all checked, so
+        one stop names every reason the step gave (``also step N: ...``); the warnings are logged.
         """
-        s, warnings, stops = self.settings, [], []
         if rollouts is not None:
             self.check_groups(step, rollouts)
-        smallest = metrics.get(f"{PREFIX}min_group_size")
-        if smallest is not None:
-            self._check_group_size(step, smallest)
-        if (gap := self._over(step, metrics, "logprob_gap_mean", "max_logprob_gap")) is not None:
+        stops, warnings = self._rollout_stops(step, metrics)
+        for warning in warnings:
+            logger.warning("training guard: %s", warning)
+        if stops:
+            raise TrainingGuardError("".join([stops[0], *(f"\nalso {stop}" for stop in stops[1:])]), step=step)
+        return warnings
+
+    def _rollout_stops(self, step: int, metrics: dict[str, Any], logprobs: bool = True) -> tuple[list[str], list[str]]:
+        """The stops and the warnings the step's rollout metrics give (the log-prob guard only if ``logprobs``)."""
+        s, warnings, stops = self.settings, [], []
+        if (small := self._group_size_stop(step, metrics.get(f"{PREFIX}min_group_size"))) is not None:
+            stops.append(small)
+        if logprobs and (gap := self._over(step, metrics, "logprob_gap_mean", "max_logprob_gap")) is not None:
             stops.append(
                 f"step {step}: the rollout sampled with log-probs {gap:.3g} away from the actor's on average "
                 f"(max {metrics.get(f'{PREFIX}logprob_gap_max', float('nan')):.3g}; rllm.guards.max_logprob_gap="
@@ -368,11 +387,7 @@ class TrainingGuards:
                 f"(rllm.guards.max_context_overflow_share={s.max_context_overflow_share}); raise "
                 "data.max_prompt_length or have the conversation manager keep less")
         warnings += self._check_tool_use(step, metrics, stops)
-        for warning in warnings:
-            logger.warning("training guard: %s", warning)
-        if stops:
-            raise TrainingGuardError("".join([stops[0], *(f"\nalso {stop}" for stop in stops[1:])]), step=step)
-        return warnings
+        return stops, warnings
 
     def _check_tool_use(self, step: int, metrics: dict[str, Any], stops: list[str]) -> list[str]:
         """Add a stop when agents with tools never call one, or calls are malformed step after step; warn first."""

@@ -140,12 +140,14 @@ class GuardedTrainer(PPOTrainerSync):
         return metrics
 
     def _compute_old_log_prob(self, batch: Any, metrics: dict) -> Any:
-        # The groups first: a dropped rollout leaves a batch the actor cannot split into its micro-batches.
+        # The groups first: a dropped rollout leaves a batch the actor cannot split into its micro-batches. Their
+        # stop names the step's other rollout stops too (all but the log-prob gap, which needs the actor's pass).
         self._rollouts = read_step(batch, int(self.config.actor_rollout_ref.rollout.n))
         try:
             self._guards.check_groups(self.global_steps, self._rollouts)
         except TrainingGuardError as error:
-            self._stop(error, metrics | step_metrics(self._rollouts))
+            read = metrics | step_metrics(self._rollouts)
+            self._stop(self._guards.with_other_stops(error, read), read)
         batch = super()._compute_old_log_prob(batch, metrics)
         self._logprobs = None
         if self._guards.settings.max_logprob_gap is None:

@@ -345,3 +345,21 @@ def test_every_stop_that_holds_at_a_step_is_named_in_the_one_stop(caplog: pytest
     with pytest.raises(TrainingGuardError, match=r"^step 1: 75% of the responses were cut[^\n]*$"):
         _only(max_truncated_share=0.5).check_rollouts(
             1, _step([1.0, 0.0, 1.0, 0.0], truncated=[True, True, True, False]))
+
+
+def test_a_stop_on_the_groups_names_the_steps_other_stops_except_the_log_prob_gap() -> None:
+    # The runner checks the groups before the actor's log-prob pass (a group of one would not split into its
+    # micro-batches): that stop names the other stops the step's rollouts give, but not the gap guard, which
+    # has nothing to read yet (on, it would otherwise stop the step for a missing metric).
+    guards = _only(min_rollouts_per_group=2, max_truncated_share=0.25, max_logprob_gap=0.1)
+    rollouts = _rollouts([1.0, 0.0, 1.0], groups=["a", "a", "b"], truncated=[True, True, False])
+    with pytest.raises(TrainingGuardError) as stopped:
+        guards.check_groups(2, rollouts)
+    error = guards.with_other_stops(stopped.value, step_metrics(rollouts))
+    first, also = str(error).split("\n")
+    assert first == str(stopped.value) and first.startswith("step 2: a group has 1 rollout(s)")
+    assert also.startswith("also step 2: 67% of the responses were cut at response_length")
+    assert error.step == 2
+    # Nothing else holding: the groups' stop alone, unchanged.
+    alone = _rollouts([1.0, 0.0, 1.0], groups=["a", "a", "b"], truncated=[False, False, False])
+    assert str(guards.with_other_stops(stopped.value, step_metrics(alone))) == str(stopped.value)
