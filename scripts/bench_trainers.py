@@ -29,10 +29,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rllm.proofs.local_trainer import ProofConfig
-from rllm.proofs.verl_trainer import prepare_verl_proof, run_verl_trainer, verl_overrides
-from rllm.training.local.rloo import LocalRLOOTrainer, default_actor_config
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_trainers_profile import RayProfile, print_profile  # noqa: E402
 
@@ -59,6 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help="from verl's step 1 on: each Ray process's CPU seconds and py-spy's top frames, into DIR")
     args = parser.parse_args(argv)
+    # After the command line: --help needs neither torch nor verl (seconds each).
+    from rllm.proofs.local_trainer import ProofConfig
+    from rllm.proofs.verl_trainer import prepare_verl_proof, run_verl_trainer, verl_overrides
+    from rllm.training.local.rloo import LocalRLOOTrainer, default_actor_config
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     logging.getLogger("strands").setLevel(logging.ERROR)
     config = ProofConfig.for_device(args.device, seed=args.seed, rl_steps=args.steps)

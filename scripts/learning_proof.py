@@ -22,8 +22,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from rllm.proofs.local_trainer import VOCABS, LearningProof, ProofConfig
-from rllm.training.curves import plot_learning_curve
+from rllm.offline.qwen_tokenizer import VOCABS
 
 TRAINERS = ("local", "verl")
 
@@ -63,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verl-override", action="append", default=[], metavar="KEY=VALUE",
                         help="with --trainer verl: a Hydra override of the lookup_rloo recipe (repeatable)")
     args = parser.parse_args(argv)
+    # After the command line: --help and a mistyped flag need neither torch nor the trainers (seconds each).
+    from rllm.proofs.local_trainer import LearningProof, ProofConfig
+    from rllm.training.curves import plot_learning_curve
     if args.verl_override and args.trainer != "verl":
         parser.error("--verl-override needs --trainer verl")
     # force: an import (verl) has already configured the root logger, which would drop our INFO lines

@@ -91,6 +91,11 @@ class QwenVocab(enum.Enum):
     """
 
 
+VOCABS = {"qwen": QwenVocab.QWEN, "qwen-8k": QwenVocab.QWEN_FIRST_8K}
+"""The vocabularies by the short names the learning proof's configuration and command line use: Qwen's real one
+(151,669 ids), or its first 8,192 ranks (for CPU)."""
+
+
 def cache_root() -> Path:
     """Where rllm caches what it builds: ``$RLLM_CACHE_DIR``, else ``$HF_HOME/rllm``, else ``~/.cache/rllm``."""
     explicit = os.environ.get("RLLM_CACHE_DIR")

@@ -47,7 +47,7 @@ from rllm.agents.lookup import (
 from rllm.engine.rollout.transformers_engine import TransformersEngine
 from rllm.errors import ConfigurationError
 from rllm.offline.chat_templates import load_chat_template
-from rllm.offline.qwen_tokenizer import QwenVocab, build_qwen_tokenizer
+from rllm.offline.qwen_tokenizer import VOCABS, build_qwen_tokenizer
 from rllm.offline.scripted_tokens import MessageScriptedEngine
 from rllm.offline.tiny_models import build_tiny_qwen3
 from rllm.tokens.renderer import content_text
@@ -58,8 +58,6 @@ from rllm.training.local.warm_start import warm_start
 
 logger = logging.getLogger(__name__)
 
-VOCABS = {"qwen": QwenVocab.QWEN, "qwen-8k": QwenVocab.QWEN_FIRST_8K}
-"""Tokenizer choices: Qwen's real vocabulary (151,669 ids), or its first 8,192 ranks (for CPU)."""
 CHAT_TEMPLATE_KWARGS = {"enable_thinking": False}
 """Qwen3's non-thinking mode, as the recipe runs it."""
 
