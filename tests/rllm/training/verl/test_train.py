@@ -284,8 +284,14 @@ def test_the_recipe_installs_the_stopping_manager() -> None:
     assert load_class_from_fqn(rollout.agent.agent_loop_manager_class, "AgentLoopManager") is StrandsAgentLoopManager
 
 
-def test_launcher_dry_run_never_prints_the_token() -> None:
-    result = _launch("--dry-run", RETRIEVAL_TOKEN="s3cret-token-value")
+@pytest.fixture(scope="module")
+def smoke_cpu_dry_run() -> subprocess.CompletedProcess[str]:
+    """``--dry-run --smoke --cpu`` with the token set: one launch (an ``import verl``) for the two tests reading it."""
+    return _launch("--dry-run", "--smoke", "--cpu", RETRIEVAL_TOKEN="s3cret-token-value")
+
+
+def test_launcher_dry_run_never_prints_the_token(smoke_cpu_dry_run: subprocess.CompletedProcess[str]) -> None:
+    result = smoke_cpu_dry_run
     assert result.returncode == 0, result.stderr[-2000:]
     assert "s3cret-token-value" not in result.stdout + result.stderr
     assert "RETRIEVAL_TOKEN" not in yaml.safe_load(result.stdout).get("ray_kwargs", {}).get("ray_init", {}).get(
@@ -342,8 +348,9 @@ def test_the_cpu_mode_refuses_half_precision_at_launch(monkeypatch) -> None:
     check_launch(prepare_config(compose()))  # the recipe's own fp16 stands on a GPU
 
 
-def test_smoke_and_cpu_flags_compose_the_recipe_for_two_steps_on_this_machine() -> None:
-    result = _launch("--dry-run", "--smoke", "--cpu")
+def test_smoke_and_cpu_flags_compose_the_recipe_for_two_steps_on_this_machine(
+        smoke_cpu_dry_run: subprocess.CompletedProcess[str]) -> None:
+    result = smoke_cpu_dry_run
     assert result.returncode == 0, result.stderr[-2000:]
     config = yaml.safe_load(result.stdout)
     assert config["trainer"]["total_training_steps"] == 2 and config["trainer"]["n_gpus_per_node"] == 1
