@@ -504,33 +504,36 @@ VERL_CONFIG_SOURCE = "pkg://verl.trainer.config"
 
 
 def _verl_config_by_file(options: list[str], overrides: list[str]) -> list[str]:
-    """``hydra.searchpath`` naming verl's config folder by file, for a shipped recipe that names it by package.
+    """``hydra.searchpath`` naming verl's config folder by file, for a recipe that names it by package.
 
-    Hydra reads a ``pkg://`` source by importing its package, and ``import verl`` costs about 9 CPU-seconds
+    Hydra reads a ``pkg://`` source by importing its package, and ``import verl`` costs about 6 CPU-seconds
     (it loads torch, transformers and tensordict). ``--help`` and ``--print-config`` need only the YAML: the
     same folder by ``file://`` composes the same config (test_train.py::
-    test_a_recipe_composes_the_same_with_verls_config_folder_named_by_file checks it) without that import.
-    Nothing is changed for another recipe folder, a recipe with another search path, or one given on the
-    command line.
+    test_a_recipe_composes_the_same_with_verls_config_folder_named_by_file checks it, for the shipped recipes
+    and the one ``AgentTrainer`` writes into its run folder) without that import. Only a recipe whose search
+    path is verl's config package alone is changed; nothing for another search path or one on the command line.
     """
     import importlib.util
 
-    name, items = CONFIG_NAME, iter(options)
+    folder, name, items = CONFIG_DIR, CONFIG_NAME, iter(options)
     for option in items:
         key, _, value = option.partition("=")
-        if key not in ("--config-name", "-cn"):
-            return []  # another recipe folder
-        name = value or next(items, "")
+        if key in ("--config-name", "-cn"):
+            name = value or next(items, "")
+        elif key in ("--config-dir", "-cd"):
+            folder = Path(value or next(items, ""))
+        else:
+            return []  # an option this does not read
     if any(o.split("=", 1)[0].lstrip("+~") == "hydra.searchpath" for o in overrides):
         return []
-    recipe = CONFIG_DIR / f"{name}.yaml"
+    recipe = folder / f"{name}.yaml"
     spec = importlib.util.find_spec("verl")
     if not recipe.is_file() or spec is None or not spec.submodule_search_locations:
         return []
     if OmegaConf.select(OmegaConf.load(recipe), "hydra.searchpath") != [VERL_CONFIG_SOURCE]:
         return []
-    folder = Path(next(iter(spec.submodule_search_locations))) / "trainer" / "config"
-    return [f"hydra.searchpath=[file://{folder}]"] if folder.is_dir() else []
+    verl_folder = Path(next(iter(spec.submodule_search_locations))) / "trainer" / "config"
+    return [f"hydra.searchpath=[file://{verl_folder}]"] if verl_folder.is_dir() else []
 
 
 def flag_overlays(args: list[str]) -> list[str]:

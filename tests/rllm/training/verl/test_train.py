@@ -30,6 +30,7 @@ from rllm.errors import ConfigurationError  # noqa: E402
 from rllm.training.verl.train import (  # noqa: E402
     CONFIG_DIR,
     CONFIG_NAME,
+    VERL_CONFIG_SOURCE,
     _verl_config_by_file,
     prepare_config,
     validate,
@@ -457,8 +458,31 @@ def test_a_recipe_composes_the_same_with_verls_config_folder_named_by_file(recip
                     for overrides in ([], by_file)]
     assert composed[0] == composed[1]
     assert len(OmegaConf.to_yaml(composed[0]).splitlines()) > 200  # verl's whole trainer config, not the recipe alone
-    assert _verl_config_by_file(["--config-dir", "/elsewhere", "--config-name", recipe], []) == []
+    assert _verl_config_by_file(["--config-dir", "/elsewhere", "--config-name", recipe], []) == []  # no such recipe
     assert _verl_config_by_file(["--config-name", recipe], ["hydra.searchpath=[pkg://verl.trainer.config]"]) == []
+
+
+def test_the_recipe_agent_trainer_writes_composes_the_same_with_verls_config_folder_named_by_file(
+        tmp_path: Path) -> None:
+    # AgentTrainer's run folder recipe (--config-dir) names verl's config package too: --print-config reads it by
+    # file, and the launcher composes the same config either way.
+    from fixtures.user_agents import TASKS, capital_agent, capital_reward
+
+    from rllm.trainer import AgentTrainer
+    from rllm.workflows import StrandsWorkflow
+
+    trainer = AgentTrainer(StrandsWorkflow, {"agent_factory": capital_agent, "reward_fn": capital_reward}, None,
+                           TASKS, cpu=True, output_dir=tmp_path / "run")
+    recipe = trainer.write_run()
+    options = ["--config-dir", str(recipe.parent), "--config-name", recipe.stem]
+    by_file = _verl_config_by_file(options, [])
+    assert by_file and by_file[0].startswith("hydra.searchpath=[file://")
+    launcher = f"file://{CONFIG_DIR}"  # the launcher's own recipes, beside the run folder --config-dir adds
+    with hydra.initialize_config_dir(config_dir=str(recipe.parent), version_base=None):
+        composed = [OmegaConf.to_container(hydra.compose(recipe.stem, overrides=[f"hydra.searchpath=[{source},{launcher}]"]))
+                    for source in (VERL_CONFIG_SOURCE, by_file[0].partition("[")[2].rstrip("]"))]
+    assert composed[0] == composed[1]
+    assert len(OmegaConf.to_yaml(composed[0]).splitlines()) > 200
 
 
 def test_print_config_does_not_import_verl() -> None:
