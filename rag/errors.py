@@ -8,13 +8,15 @@
 * ``Overloaded`` (an ``InfrastructureError``): the server's queue is full; answered as 503.
 * ``HttpConfigError`` and ``TorchSearchError`` (``ConfigurationError``, and also ``ValueError``):
   an HTTP limit, a metric, devices or vectors that the service cannot take.
+* ``EncoderLayoutError`` (``SetupError``, and also ``ValueError``): an encoder folder with a stage
+  the encoder does not run (anything but Transformer, Pooling, Normalize).
 
 Only ``rllm.errors`` is imported here, so ``rag.client`` stays light.
 """
 
 from __future__ import annotations
 
-from rllm.errors import ConfigurationError, InfrastructureError, RLLMError, ToolBackendError
+from rllm.errors import ConfigurationError, InfrastructureError, RLLMError, SetupError, ToolBackendError
 
 
 class RetrievalError(RLLMError):
@@ -52,3 +54,7 @@ class HttpConfigError(ConfigurationError, ValueError):
 
 class TorchSearchError(ConfigurationError, ValueError):
     """Vectors, devices or a query batch that the torch search cannot take."""
+
+
+class EncoderLayoutError(SetupError, ValueError):
+    """An encoder folder whose stages (``modules.json``) or pooling the encoder does not run."""

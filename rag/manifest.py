@@ -21,7 +21,7 @@ class Manifest(BaseModel):
     """How an index directory was built.
 
     Attributes:
-        encoder: sentence-transformers model name or path (a relative path is taken from the index dir).
+        encoder: sentence-transformers model (hub name or folder) (a relative path is taken from the index dir).
         query_prefix: Text put before every query, e.g. e5's ``"query: "``.
         passage_prefix: Text put before every passage when the index was built, e.g. ``"passage: "``.
         normalize: Whether embeddings are L2-normalised (inner product is then cosine).

