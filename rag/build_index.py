@@ -145,7 +145,8 @@ def _parser() -> argparse.ArgumentParser:
     src.add_argument("--corpus", help="JSONL with {id, contents} or {id, title, text} rows")
     src.add_argument("--demo", action="store_true", help="use the HotpotQA paragraphs shipped with rllm")
     p.add_argument("--out", required=True, help="index directory to write")
-    p.add_argument("--encoder", default=MINILM, help=f"sentence-transformers model: hub name or folder (default {MINILM})")
+    p.add_argument("--encoder", default=MINILM,
+                   help=f"sentence-transformers model: hub name or folder (default {MINILM})")
     p.add_argument("--query-prefix", default="", help='e.g. "query: " for e5')
     p.add_argument("--passage-prefix", default="", help='e.g. "passage: " for e5')
     p.add_argument("--no-normalize", action="store_true", help="keep raw (unnormalised) embeddings")

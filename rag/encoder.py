@@ -75,7 +75,7 @@ class _Replica:
     traced: Any = None
 
     def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
-        return (self.traced or self.model)(*tensors)
+        return (self.model if self.traced is None else self.traced)(*tensors)
 
 
 # A forward's fixed cost in padded tokens. On CPU a forward of few tokens is bound by streaming the

@@ -388,7 +388,7 @@ def create_app(retriever: RetrieverLike, settings: ServerSettings | None = None)
                            method=f"{index_type}_batched" if gpus else "dense_batched")
 
     app = FastAPI(title="rllm retrieval service", version="1.0", lifespan=_lifespan(batcher, settings.drain_timeout),
-                  description="Dense passage retrieval (FAISS + a sentence-transformers model) with automatic batching.")
+                  description="Dense passage retrieval (FAISS + a sentence-transformers model), batched.")
     app.state.batcher = batcher
     app.state.metrics = metrics
     app.state.settings = settings
