@@ -133,10 +133,8 @@ class StrandsWorkflow(Workflow):
         if self.agent_factory is None:
             assert self.built is not None
             return await BuiltRollout(self.built, self.recorders).run(prompt)
-        previous, self.built, self.recorders = self.built, None, {}
-        rollout = build_rollout(self.choice, self.model, task)
-        if rollout.built is previous:
-            raise ValueError("agent_factory returned the previous task's agent; build a new agent for every task")
+        self.built, self.recorders = None, {}
+        rollout = build_rollout(self.choice, self.model, task)  # refuses an agent recorded for an earlier task
         self._use(rollout)
         own_client = None if self.trace_store is None else ThroughProxy(self.trace_store)
         return await rollout.run(prompt, own_client=own_client)

@@ -262,9 +262,15 @@ class RolloutRecorder:
             self.hooks.append(ToolCallValidator(self.steps.find_tool_call, self.steps.record_tool_error))
 
     def attach(self, agent: Agent) -> None:
-        """Register the hooks on ``agent`` (after its own: they only watch, and the budget ends turns)."""
+        """Register the hooks on ``agent`` (after its own: they only watch, and the budget ends turns).
+
+        Once per agent: an agent that has a recorder already is refused (``TypeError``, see ``record``).
+        """
+        if isinstance(getattr(agent, _ATTACHED, None), RolloutRecorder):
+            raise TypeError(_ran_before(agent))
         for hook in self.hooks:
             agent.hooks.add_hook(hook)
+        setattr(agent, _ATTACHED, self)
 
     @property
     def trajectories(self) -> list[Trajectory]:
@@ -305,6 +311,15 @@ class RolloutRecorder:
         self.tool_failures.reset()
 
 
+# The attribute that marks an agent rllm records (set by ``RolloutRecorder.attach``).
+_ATTACHED = "_rllm_recorder"
+
+
+def _ran_before(agent: Agent) -> str:
+    return (f"agent {agent.name!r} was recorded for an earlier rollout: an agent keeps its conversation, so this "
+            "rollout would start inside that one's and train on it; build a new agent for every rollout")
+
+
 def record(agent: Agent, *, name: str | None = None, budget: Budget | None = None, validate_tool_calls: bool = True,
            infra_exceptions: tuple[type[BaseException], ...] = (),
            budget_hook: BudgetHook | None = None) -> RolloutRecorder:
@@ -313,9 +328,14 @@ def record(agent: Agent, *, name: str | None = None, budget: Budget | None = Non
     A ``StrandsAgent`` keeps its own name, budget and validation, so the arguments apply to other
     agents only. The trajectories are named ``name`` (a team's node id), else by the agent's name;
     ``budget_hook`` is a budget shared with other agents (a team's), instead of ``budget``.
+
+    An agent recorded before (an agent factory handing back an earlier task's agent) is refused with
+    ``TypeError``; so is a ``StrandsAgent`` whose recorder holds an episode not ``reset()`` since.
     """
     own = getattr(agent, "recorder", None)
     if isinstance(own, RolloutRecorder):
+        if any(trajectory.steps for trajectory in own.trajectories):
+            raise TypeError(_ran_before(agent))
         return own
     recorder = RolloutRecorder(name or str(agent.name), budget=budget, validate_tool_calls=validate_tool_calls,
                                infra_exceptions=infra_exceptions, budget_hook=budget_hook)

@@ -98,6 +98,33 @@ async def test_a_users_own_agent_from_a_factory_is_evaluated_with_every_sample_k
     assert episode.metrics["samples"] == len(episode.trajectories)
 
 
+async def test_a_factory_that_hands_back_the_previous_tasks_agent_stops_the_run_naming_it() -> None:
+    # An agent keeps its conversation: the second task would start inside the first one's. A misconfiguration,
+    # never scored: the run stops on it (max_same_errors=1) with the factory named.
+    from strands import Agent
+
+    from rllm.errors import SystemicFailureError
+
+    kept: list[Agent] = []
+
+    def factory(model: Any, task: dict[str, Any]) -> Agent:
+        if not kept:
+            kept.append(Agent(model=model, system_prompt="Answer in \\boxed{}.", callback_handler=None))
+        return kept[0]
+
+    scored: list[str] = []
+    engine = ScriptedTokenEngine(FAMILIES["qwen3"].tokenizer(), lambda prompt: "\\boxed{7}")
+    runner = AgentWorkflowEngine(
+        StrandsWorkflow, {"agent_factory": factory,
+                          "reward_fn": lambda task, answer: scored.append(answer) or RewardOutput(reward=1.0,
+                                                                                          is_correct=True)},
+        engine, n_parallel_tasks=1, retry_limit=0, retry_backoff=0.0, max_same_errors=1, progress=False)
+    with pytest.raises(SystemicFailureError, match="StrandsWorkflow: agent_factory: agent 'Strands Agents' was "
+                                                   "recorded for an earlier rollout"):
+        await runner.execute_tasks([{"id": f"t{i}", "question": "What does alpha hold?"} for i in range(2)])
+    assert scored == ["\\boxed{7}"]  # the first task only
+
+
 def test_a_workflow_takes_tools_or_an_agent_factory_not_both() -> None:
     engine = ScriptedTokenEngine(FAMILIES["qwen3"].tokenizer(), lambda prompt: "ok")
     with pytest.raises(ConfigurationError, match="either tools"):

@@ -51,6 +51,24 @@ async def test_a_plain_agent_is_recorded_exactly(tokenizer) -> None:
     assert finished.samples[0]["prompt_ids"] == engine.prompts[0]
 
 
+async def test_an_agent_recorded_for_an_earlier_rollout_is_refused_before_it_runs_again(tokenizer) -> None:
+    # A factory handing back the agent it built for the last task: the agent still holds that conversation,
+    # and a second recorder would take every call the first one takes.
+    from rllm.integrations.strands import StrandsAgent
+
+    engine, agent = agent_with(tokenizer, echo_lookup)
+    await run_rollout(agent, "What does alpha hold?", recorder=record(agent))
+    with pytest.raises(TypeError, match="agent 'solver' was recorded for an earlier rollout: .* build a new agent"):
+        record(agent)
+    own = StrandsAgent(model=RLLMModel(engine), tools=[echo_lookup], name="own")
+    assert record(own) is own.recorder  # fresh: its own recorder
+    await run_rollout(own, "What does alpha hold?")
+    with pytest.raises(TypeError, match="agent 'own' was recorded for an earlier rollout"):
+        record(own)
+    own.reset()
+    assert record(own) is own.recorder  # reset: a fresh episode
+
+
 async def test_a_plain_agent_without_a_recorder_is_refused(tokenizer) -> None:
     _, agent = agent_with(tokenizer, echo_lookup)
     with pytest.raises(TypeError, match="record\\(agent\\)"):

@@ -78,7 +78,8 @@ def test_an_agent_on_another_model_is_refused_unless_the_door_serves_its_own_cli
                                                  r"\(OpenAIModel\); pass it the model"):
         build_rollout(AgentChoice(agent_factory=lambda m, t: elsewhere, who="my.module:agent",
                                   fix="pass it the model"), model, {})
-    own = build_rollout(AgentChoice(agent_factory=lambda m, t: elsewhere, client=ClientRule.MAY_OWN), model, {})
+    own = build_rollout(AgentChoice(agent_factory=lambda m, t: Agent(model=_elsewhere(), callback_handler=None),
+                                    client=ClientRule.MAY_OWN), model, {})
     assert own.on_own_client
     on_model = build_rollout(AgentChoice(agent_factory=lambda m, t: Agent(model=m, callback_handler=None),
                                          client=ClientRule.MAY_OWN), model, {})
