@@ -163,6 +163,27 @@ def split_prompt(raw_prompt: Any) -> tuple[str | None, list[dict[str, Any]]]:
     return system, [{"role": m["role"], "content": [{"text": content_text(m.get("content"))}]} for m in messages]
 
 
+def agent_prompt(conversation: list[dict[str, Any]]) -> Any:
+    """What the agent is invoked with: a lone user message as its text, else the messages (``split_prompt``'s)."""
+    if len(conversation) == 1 and conversation[0]["role"] == "user":
+        return conversation[0]["content"][0]["text"]
+    return conversation
+
+
+def tool_agent_instructions(settings: LoopSettings, from_row: str | None, where: str = "the row") -> str:
+    """The system prompt of the agent built from ``tool_factory``: the row's system message, else the block's.
+
+    ``ConfigurationError`` naming ``where`` when it has neither: the agent would have no instructions.
+    """
+    if from_row is not None:
+        return from_row
+    if settings.block.system_prompt is not None:
+        return settings.block.system_prompt
+    raise ConfigurationError(f"{where}'s prompt has no system message and {SETTINGS_KEY}.system_prompt is null: the "
+                             "agent built from tool_factory would have no instructions; write it into the rows "
+                             f"(scripts/prepare_hotpotqa.py does) or set {SETTINGS_KEY}.system_prompt")
+
+
 class StrandsAgentLoop(AgentLoopBase):
     """Runs a Strands agent per trajectory inside verl and returns its exact token trace.
 
@@ -223,15 +244,6 @@ class StrandsAgentLoop(AgentLoopBase):
             return []
         return outputs
 
-    def _system_prompt(self, from_row: str | None) -> str:
-        if from_row is not None:
-            return from_row
-        if self.settings.block.system_prompt is not None:
-            return self.settings.block.system_prompt
-        raise ConfigurationError("the row's prompt has no system message and the agent loop's system_prompt is "
-                                 "null; write it into the rows (scripts/prepare_hotpotqa.py does) or set "
-                                 f"{SETTINGS_KEY}.system_prompt")
-
     def build_engine(self, sampling_params: dict[str, Any]) -> VerlEngine:
         """The rollout's token engine over verl's server client, with verl's lengths and sampling."""
         return VerlEngine(
@@ -267,12 +279,10 @@ class StrandsAgentLoop(AgentLoopBase):
                                          "policy (rllm.training.verl.manager.StrandsAgentLoopManager)")
             (await policy_server.start()).export()  # before the factory, which reads RLLM_POLICY_*
         rollout = self._agent(model, system, kwargs)
-        prompt: Any = conversation
-        if len(conversation) == 1 and conversation[0]["role"] == "user":
-            prompt = conversation[0]["content"][0]["text"]
         own_client = None if policy_server is None or not self.settings.block.own_client else \
             ServedPolicy(policy_server, engine, params)
-        finished = await rollout.run(prompt, own_client=own_client, timeout_s=self.settings.block.timeout_s,
+        finished = await rollout.run(agent_prompt(conversation), own_client=own_client,
+                                     timeout_s=self.settings.block.timeout_s,
                                      response_length=self.response_length)
         finished.raise_if_unexpected()
         outputs = self._outputs(finished, kwargs, num_tools=count_tools(rollout.built))
@@ -289,8 +299,8 @@ class StrandsAgentLoop(AgentLoopBase):
         it may be one ``Agent`` on its own client; the runner refuses anything else before it runs.
         """
         if self.settings.block.agent_factory is None:
-            return build_rollout(agent_choice(self.settings, system_prompt=self._system_prompt(system),
-                                              name=self.name), model)
+            return build_rollout(agent_choice(self.settings, name=self.name,
+                                              system_prompt=tool_agent_instructions(self.settings, system)), model)
         receive_secrets()
         return build_rollout(agent_choice(self.settings, name=self.name), model, row_task_or_row(row))
 

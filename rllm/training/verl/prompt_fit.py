@@ -50,9 +50,11 @@ from rllm.training.verl.agent_loop import (
     LoopSettings,
     StrandsAgentLoop,
     agent_choice,
+    agent_prompt,
     loop_settings,
     row_task_or_row,
     split_prompt,
+    tool_agent_instructions,
 )
 from rllm.training.verl.preflight import policy_env_restored
 
@@ -217,22 +219,15 @@ class _Measure:
         """The longest first prompt of ``row``'s rollout, in tokens (``where`` names the task in errors)."""
         settings = self.settings
         system, conversation = split_prompt(row["prompt"])
-        prompt: Any = conversation
-        if len(conversation) == 1 and conversation[0]["role"] == "user":
-            prompt = conversation[0]["content"][0]["text"]
         choice, task = self.choice, None
-        if settings.block.agent_factory is None:
-            if system is None and settings.block.system_prompt is None:
-                raise ConfigurationError(f"{where} has no system message and {SETTINGS_KEY}.system_prompt is null: "
-                                         "the agent built from tool_factory would have no instructions")
-            instructions = system if system is not None else settings.block.system_prompt  # as StrandsAgentLoop
-            choice = dataclasses.replace(choice, system_prompt=instructions)
+        if settings.block.agent_factory is None:  # as StrandsAgentLoop builds it
+            choice = dataclasses.replace(choice, system_prompt=tool_agent_instructions(settings, system, where))
         else:
             task = row_task_or_row({**row, "raw_prompt": row.get("prompt"), "session_id": 0})
         rollout = build_rollout(choice, self.model, task, where=where)  # with own_client, after the server's export
         before = len(self.engine.first)
         own_client = None if self.server is None else ServedPolicy(self.server, self.engine)
-        finished = await rollout.run(prompt, own_client=own_client)
+        finished = await rollout.run(agent_prompt(conversation), own_client=own_client)
         measured = self.engine.first[before:]
         if not measured:
             end = finished.end

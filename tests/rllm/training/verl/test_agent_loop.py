@@ -354,6 +354,23 @@ async def test_a_prompt_longer_than_prompt_length_is_a_config_error(tokenizer) -
     assert server.calls == []
 
 
+async def test_a_row_without_a_system_message_takes_the_blocks_or_is_refused_before_any_call(tokenizer) -> None:
+    from fixtures.verl_loop import QUESTION
+
+    bare = row(raw_prompt=[{"role": "user", "content": QUESTION}])
+    server = FakeServerManager(tokenizer, turns_script("\\boxed{Paris}"))
+    loop, _ = build_loop(tokenizer, server, system_prompt=None)
+    with pytest.raises(ConfigurationError, match="the row's prompt has no system message and "
+                                                 "rllm.agent_loop.system_prompt is null"):
+        await loop.run(dict(SAMPLING), **bare)
+    assert server.calls == []
+    loop, _ = build_loop(tokenizer, server, system_prompt="Answer in a box, briefly.")
+    (output,) = await loop.run(dict(SAMPLING), **bare)
+    first = tokenizer.decode(output.prompt_ids)
+    assert first.startswith("<|im_start|>system\nAnswer in a box, briefly.\n")
+    assert f"<|im_start|>user\n{QUESTION}<|im_end|>\n<|im_start|>assistant\n" in first
+
+
 async def test_rows_without_logprobs_and_verl_tools_are_handled_explicitly(tokenizer) -> None:
     server = FakeServerManager(tokenizer, turns_script("\\boxed{Paris}"))
     loop, _ = build_loop(tokenizer, server, "actor_rollout_ref.rollout.calculate_log_probs=false")
