@@ -109,7 +109,7 @@ def _forward_runs(lengths: list[int], cap: int, fixed: int = _FORWARD_COST_TOKEN
 _TOKENIZE_TEXTS = 1024
 
 
-def _encode(replica: _Replica, texts: list[str], batch_size: int) -> np.ndarray:
+def _embed(replica: _Replica, texts: list[str], batch_size: int) -> np.ndarray:
     """Embeddings of ``texts``, in forwards of at most ``batch_size`` texts of like length.
 
     The texts are tokenized once, sorted by length and cut where the padding saved is worth another
@@ -153,7 +153,7 @@ def _encode_piece(replica: _Replica, texts: list[str], batch_size: int) -> np.nd
 
 def _eager_checks(replica: _Replica) -> list[np.ndarray]:
     """The eager module's embeddings of the check batches, which every replica's trace must reproduce."""
-    return [_encode(_Replica(replica.model), texts, len(texts)) for texts in _CHECK_BATCHES]
+    return [_embed(_Replica(replica.model), texts, len(texts)) for texts in _CHECK_BATCHES]
 
 
 def _trace(replica: _Replica, expected: list[np.ndarray]) -> str | None:
@@ -177,7 +177,7 @@ def _trace(replica: _Replica, expected: list[np.ndarray]) -> str | None:
         return f"tracing failed: {type(error).__name__}: {error}"
     candidate = _Replica(model, traced)
     try:
-        got = [_encode(candidate, texts, len(texts)) for texts in _CHECK_BATCHES]
+        got = [_embed(candidate, texts, len(texts)) for texts in _CHECK_BATCHES]
         worst = max(float(np.abs(g - e).max()) for g, e in zip(got, expected, strict=True))
     except Exception as error:  # noqa: BLE001
         worst, why = float("inf"), f"the trace failed on a check batch: {type(error).__name__}: {error}"
@@ -285,7 +285,7 @@ class Encoder:
             return np.empty((0, self.dim), dtype=np.float32)
         replica = self._free.get()
         try:
-            vectors = _encode(replica, texts, batch_size)
+            vectors = _embed(replica, texts, batch_size)
         finally:
             self._free.put(replica)
         return np.ascontiguousarray(vectors, dtype=np.float32)

@@ -31,6 +31,8 @@ _POOLING_FLAGS = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "m
                   "pooling_mode_mean_tokens": "mean", "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
                   "pooling_mode_weightedmean_tokens": "weightedmean", "pooling_mode_lasttoken": "lasttoken"}
 _POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "lasttoken")
+# The stages rag runs, in the order a folder's modules.json must list them (the last one optional).
+_STAGES = ("Transformer", "Pooling", "Normalize")
 # Weights a model folder may carry for other runtimes; a hub download skips them.
 _OTHER_RUNTIMES = ["onnx/*", "openvino/*", "*.onnx", "*.h5", "*.msgpack", "*.ot", "tf_model*", "flax_model*",
                    "rust_model*"]
@@ -64,21 +66,20 @@ def read_layout(folder: Path) -> SentenceLayout:
     modules_file = folder / "modules.json"
     if not modules_file.is_file():  # sentence-transformers' own fallback for a plain transformers folder
         return SentenceLayout(folder, **_transformer_settings(folder))
-    found: dict[str, Any] = {}
-    for module in json.loads(modules_file.read_text(encoding="utf-8")):
+    paths = []
+    for index, module in enumerate(json.loads(modules_file.read_text(encoding="utf-8"))):
         kind = str(module.get("type", "")).rsplit(".", 1)[-1]
-        path = folder / module.get("path", "")
-        expected = "Transformer" if not found else "Pooling" if len(found) == 1 else "Normalize"
-        if kind != expected or len(found) == 3:
+        if index >= len(_STAGES) or kind != _STAGES[index]:
             raise EncoderLayoutError(
                 f"encoder folder {folder} has a {module.get('type')!r} stage where rag runs only Transformer, "
                 f"Pooling and an optional Normalize, in that order; embed with sentence-transformers and build "
                 f"the index from those vectors instead")
-        found[kind] = path
-    if "Pooling" not in found:
+        paths.append(folder / module.get("path", ""))
+    if len(paths) < 2:
         raise EncoderLayoutError(f"encoder folder {folder} has no Pooling stage after its Transformer")
-    return SentenceLayout(found["Transformer"], pooling=_pooling_modes(found["Pooling"] / "config.json"),
-                          normalize="Normalize" in found, **_transformer_settings(found["Transformer"]))
+    transformer, pooling = paths[:2]
+    return SentenceLayout(transformer, pooling=_pooling_modes(pooling / "config.json"), normalize=len(paths) == 3,
+                          **_transformer_settings(transformer))
 
 
 def _transformer_settings(folder: Path) -> dict[str, Any]:
